@@ -1,0 +1,392 @@
+//! Inserting instances and delivering signals (spec §4, §5). No engine is needed.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value;
+use sqlx::{PgExecutor, PgPool};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::fsm::Fsm;
+use crate::options::{insert_option_setters, InsertOptions};
+use crate::registry::{FsmEntry, Registry};
+use crate::runtime::NewInstance;
+use crate::store::pg;
+
+/// Default limit on a signal payload's JSON size: 1 MiB.
+pub const DEFAULT_MAX_SIGNAL_PAYLOAD: usize = 1 << 20;
+
+type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// Inserts instances and delivers signals. Cheap to clone.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> gen_durable::Result<()> {
+/// use gen_durable::Client;
+/// let gd = Client::new(pool);
+/// gd.signal(42, "payment_confirmed", serde_json::json!({ "amount": 100 }))
+///     .dedup_key("evt-7")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Client {
+    pool: PgPool,
+    clock: Clock,
+    registry: Arc<Registry>,
+    max_signal_payload: usize,
+}
+
+impl Client {
+    /// A client on `pool`, knowing every FSM linked into the binary (for `insert_json`).
+    pub fn new(pool: PgPool) -> Self {
+        Client {
+            pool,
+            clock: Clock::database(),
+            registry: Arc::new(Registry::linked()),
+            max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
+        }
+    }
+
+    /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Uses `registry` to validate `insert_json` instead of the linked FSMs.
+    pub fn with_registry(mut self, registry: Registry) -> Self {
+        self.registry = Arc::new(registry);
+        self
+    }
+
+    /// Sets the largest signal payload accepted, in bytes of JSON (default 1 MiB).
+    pub fn max_signal_payload(mut self, bytes: usize) -> Self {
+        self.max_signal_payload = bytes;
+        self
+    }
+
+    /// The pool this client uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The clock this client uses.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The FSMs `insert_json` accepts.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Starts an insert of one instance of `F`. Set options, then `.await` it (or
+    /// `.execute(&mut *tx)` inside a transaction). Returns the id, or
+    /// [`Error::Duplicate`] if its unique key is occupied.
+    pub fn insert<F: Fsm>(&self, state: F::State) -> Insert<'_, F> {
+        Insert {
+            client: self,
+            entry: Entry::new(state),
+        }
+    }
+
+    /// Inserts many instances of `F` in one statement. Rows whose unique key is occupied
+    /// (by a stored row or an earlier entry of the batch) are dropped; returns the ids
+    /// actually inserted, ascending. `.await` it or `.execute(&mut *tx)`.
+    pub fn insert_all<F: Fsm>(
+        &self,
+        entries: impl IntoIterator<Item = Entry<F>>,
+    ) -> InsertAll<'_, F> {
+        InsertAll {
+            client: self,
+            entries: entries.into_iter().collect(),
+        }
+    }
+
+    /// Inserts an instance by FSM name and version, for callers without the Rust type.
+    /// The name, version, step and state are checked against the registry first.
+    pub fn insert_json(
+        &self,
+        fsm: impl Into<String>,
+        version: i32,
+        state: Value,
+    ) -> InsertJson<'_> {
+        InsertJson {
+            client: self,
+            fsm: fsm.into(),
+            version,
+            state,
+            opts: InsertOptions::default(),
+        }
+    }
+
+    /// Starts a signal delivery to instance `id`. `.await` it (or `.execute(&mut *tx)`).
+    pub fn signal(&self, id: i64, name: impl Into<String>, payload: Value) -> SignalSend<'_> {
+        SignalSend {
+            client: self,
+            id,
+            name: name.into(),
+            payload,
+            dedup_key: None,
+        }
+    }
+
+    async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
+        let key = row.unique_key.clone();
+        let ids =
+            pg::insert::insert_rows(db, std::slice::from_ref(&row), None, self.clock.now_param())
+                .await?;
+        ids.first().copied().ok_or_else(|| Error::Duplicate {
+            key: key.unwrap_or_default(),
+        })
+    }
+}
+
+/// One instance to insert with [`Client::insert_all`]: a state and its options.
+pub struct Entry<F: Fsm> {
+    state: F::State,
+    opts: InsertOptions,
+    _fsm: PhantomData<F>,
+}
+
+impl<F: Fsm> std::fmt::Debug for Entry<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("fsm", &F::NAME)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Fsm> Entry<F> {
+    /// An entry starting from `state`, with default options.
+    pub fn new(state: F::State) -> Self {
+        Entry {
+            state,
+            opts: InsertOptions::default(),
+            _fsm: PhantomData,
+        }
+    }
+
+    insert_option_setters!();
+
+    fn into_row(self) -> Result<NewInstance> {
+        let state = serde_json::to_value(&self.state)?;
+        let entry = FsmEntry::of::<F>();
+        if let Some(step) = &self.opts.step {
+            entry.check_step(step)?;
+        }
+        Ok(NewInstance::from_parts(
+            F::NAME,
+            F::VERSION,
+            F::initial().step_name(),
+            F::QUEUE,
+            F::MAX_REAPS,
+            state,
+            self.opts,
+        ))
+    }
+}
+
+/// A pending insert of one instance; see [`Client::insert`].
+#[derive(Debug)]
+#[must_use = "an insert does nothing until awaited or executed"]
+pub struct Insert<'c, F: Fsm> {
+    client: &'c Client,
+    entry: Entry<F>,
+}
+
+impl<'c, F: Fsm> Insert<'c, F> {
+    /// Runs the insert on `db` (a pool, a connection or `&mut *tx`).
+    pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
+        let row = self.entry.into_row()?;
+        self.client.insert_one(db, row).await
+    }
+}
+
+macro_rules! forward_option_setters {
+    ($($field:ident).+) => {
+        /// Starts at this step (its stored name) instead of the FSM's initial step.
+        pub fn step(mut self, step: impl Into<String>) -> Self { self.$($field).+.step = Some(step.into()); self }
+        /// Runs on this queue instead of the FSM's.
+        pub fn queue(mut self, queue: impl Into<String>) -> Self { self.$($field).+.queue = Some(queue.into()); self }
+        /// Lower runs first; default 0.
+        pub fn priority(mut self, priority: i16) -> Self { self.$($field).+.priority = priority; self }
+        /// Instances sharing a partition key never run steps at the same time (§7.4).
+        pub fn partition_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.partition_key = Some(key.into()); self }
+        /// At most one instance holds this key while its status is in the unique scope (§4.1).
+        pub fn unique_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.unique_key = Some(key.into()); self }
+        /// The statuses in which the unique key is occupied; default: every non-terminal status.
+        pub fn unique_scope(mut self, scope: impl IntoIterator<Item = crate::Status>) -> Self { self.$($field).+.unique_scope = Some(scope.into_iter().collect()); self }
+        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
+        pub fn eligible_at(mut self, at: chrono::DateTime<chrono::Utc>) -> Self { self.$($field).+.eligible_at = Some(at); self }
+        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
+        pub fn schedule_at(mut self, at: chrono::DateTime<chrono::Utc>) -> Self { self.$($field).+.schedule_at = Some(at); self }
+        /// Runnable this long after the database's `now()` (not the caller's clock).
+        pub fn schedule_in(mut self, delay: std::time::Duration) -> Self { self.$($field).+.schedule_in = Some(delay); self }
+    };
+}
+
+impl<F: Fsm> Insert<'_, F> {
+    forward_option_setters!(entry.opts);
+}
+
+impl<'c, F: Fsm> IntoFuture for Insert<'c, F> {
+    type Output = Result<i64>;
+    type IntoFuture = BoxFut<'c, i64>;
+    fn into_future(self) -> Self::IntoFuture {
+        let pool = self.client.pool.clone();
+        Box::pin(async move { self.execute(&pool).await })
+    }
+}
+
+/// A pending batch insert; see [`Client::insert_all`].
+#[derive(Debug)]
+#[must_use = "an insert does nothing until awaited or executed"]
+pub struct InsertAll<'c, F: Fsm> {
+    client: &'c Client,
+    entries: Vec<Entry<F>>,
+}
+
+impl<F: Fsm> InsertAll<'_, F> {
+    /// Runs the batch on `db` (a pool, a connection or `&mut *tx`).
+    pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<Vec<i64>> {
+        let rows = self
+            .entries
+            .into_iter()
+            .map(Entry::into_row)
+            .collect::<Result<Vec<_>>>()?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        pg::insert::insert_rows(db, &rows, None, self.client.clock.now_param()).await
+    }
+}
+
+impl<'c, F: Fsm> IntoFuture for InsertAll<'c, F> {
+    type Output = Result<Vec<i64>>;
+    type IntoFuture = BoxFut<'c, Vec<i64>>;
+    fn into_future(self) -> Self::IntoFuture {
+        let pool = self.client.pool.clone();
+        Box::pin(async move { self.execute(&pool).await })
+    }
+}
+
+/// A pending insert by name; see [`Client::insert_json`].
+#[derive(Debug)]
+#[must_use = "an insert does nothing until awaited or executed"]
+pub struct InsertJson<'c> {
+    client: &'c Client,
+    fsm: String,
+    version: i32,
+    state: Value,
+    opts: InsertOptions,
+}
+
+impl InsertJson<'_> {
+    forward_option_setters!(opts);
+
+    /// Checks the FSM, version, step and state, then runs the insert on `db`.
+    pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
+        let entry = *self.client.registry.resolve(&self.fsm, self.version)?;
+        if let Some(step) = &self.opts.step {
+            entry.check_step(step)?;
+        }
+        entry.check_state(&self.state)?;
+        let row = NewInstance::from_parts(
+            entry.name,
+            entry.version,
+            entry.initial(),
+            entry.queue,
+            entry.max_reaps,
+            self.state,
+            self.opts,
+        );
+        self.client.insert_one(db, row).await
+    }
+}
+
+impl<'c> IntoFuture for InsertJson<'c> {
+    type Output = Result<i64>;
+    type IntoFuture = BoxFut<'c, i64>;
+    fn into_future(self) -> Self::IntoFuture {
+        let pool = self.client.pool.clone();
+        Box::pin(async move { self.execute(&pool).await })
+    }
+}
+
+/// A pending signal delivery; see [`Client::signal`].
+#[derive(Debug)]
+#[must_use = "a signal is not sent until awaited or executed"]
+pub struct SignalSend<'c> {
+    client: &'c Client,
+    id: i64,
+    name: String,
+    payload: Value,
+    dedup_key: Option<String>,
+}
+
+/// What a delivery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stored signal's id; `None` when a signal with the same dedup key was already stored.
+    pub signal_id: Option<i64>,
+    /// True if the instance was awaiting this name and is now runnable.
+    pub woke: bool,
+}
+
+impl SignalSend<'_> {
+    /// A redelivery with the same key to the same instance stores nothing and succeeds.
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        self.dedup_key = Some(key.into());
+        self
+    }
+
+    /// Checks the name and payload, then delivers on `db` in one statement.
+    pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
+        let len = self.name.len();
+        if !(1..=255).contains(&len) {
+            return Err(Error::InvalidSignalName { len });
+        }
+        let size = serde_json::to_vec(&self.payload)?.len();
+        if size > self.client.max_signal_payload {
+            return Err(Error::PayloadTooLarge {
+                size,
+                limit: self.client.max_signal_payload,
+            });
+        }
+        let d = pg::signal::deliver(
+            db,
+            self.id,
+            &self.name,
+            &self.payload,
+            self.dedup_key.as_deref(),
+            self.client.clock.now_param(),
+        )
+        .await?;
+        match d.status {
+            None => Err(Error::NotFound { id: self.id }),
+            Some(st) if st.is_terminal() => Err(Error::Finished {
+                id: self.id,
+                status: st.to_string(),
+            }),
+            Some(_) => Ok(Delivery {
+                signal_id: d.signal_id,
+                woke: d.woke,
+            }),
+        }
+    }
+}
+
+impl<'c> IntoFuture for SignalSend<'c> {
+    type Output = Result<Delivery>;
+    type IntoFuture = BoxFut<'c, Delivery>;
+    fn into_future(self) -> Self::IntoFuture {
+        let pool = self.client.pool.clone();
+        Box::pin(async move { self.execute(&pool).await })
+    }
+}

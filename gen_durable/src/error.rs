@@ -1,0 +1,102 @@
+//! The one error type of gen_durable's infrastructure. Step outcomes are values
+//! ([`crate::Step`]), never errors; this enum is for what went wrong around them.
+
+use crate::state::CastError;
+
+/// Everything that can go wrong when inserting, signalling or running the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An instance with this `unique_key` is already in its uniqueness scope; nothing was inserted.
+    #[error("duplicate: an instance with unique_key {key:?} is already in its uniqueness scope")]
+    Duplicate {
+        /// The key that is occupied.
+        key: String,
+    },
+    /// No instance has this id.
+    #[error("no instance with id {id}")]
+    NotFound {
+        /// The id that was asked for.
+        id: i64,
+    },
+    /// The instance has already ended (`done` or `failed`); nothing was stored.
+    #[error("instance {id} has already finished ({status}); nothing was stored")]
+    Finished {
+        /// The instance.
+        id: i64,
+        /// Its terminal status.
+        status: String,
+    },
+    /// The instance is not in a status that allows the operation.
+    #[error("instance {id} is {status}: {what}")]
+    WrongStatus {
+        /// The instance.
+        id: i64,
+        /// Its current status.
+        status: String,
+        /// What the operation needs.
+        what: &'static str,
+    },
+    /// A state does not cast into the FSM's state type; nothing was written.
+    #[error("state does not cast: {0}")]
+    InvalidState(#[from] CastError),
+    /// No FSM of this name is registered in this process.
+    #[error("unknown FSM {name:?}: no #[durable_fsm] or #[durable_job] of that name is linked or registered (known: {known})")]
+    UnknownFsm {
+        /// The name asked for.
+        name: String,
+        /// The names this process knows, comma-separated.
+        known: String,
+    },
+    /// The FSM exists but not at this version.
+    #[error("FSM {name:?} has no version {version} in this process (known versions: {known:?})")]
+    UnknownVersion {
+        /// The FSM name.
+        name: String,
+        /// The version asked for.
+        version: i32,
+        /// The versions this process knows.
+        known: Vec<i32>,
+    },
+    /// The FSM has no step of this name.
+    #[error("FSM {fsm:?} v{version} has no step {step:?} (steps: {known:?})")]
+    UnknownStep {
+        /// The FSM name.
+        fsm: String,
+        /// The FSM version.
+        version: i32,
+        /// The step asked for.
+        step: String,
+        /// The FSM's stored step names.
+        known: Vec<&'static str>,
+    },
+    /// A signal name must be 1 to 255 bytes long.
+    #[error("signal name must be 1 to 255 bytes, got {len} bytes")]
+    InvalidSignalName {
+        /// The length given, in bytes.
+        len: usize,
+    },
+    /// A signal payload is larger than the client's limit.
+    #[error("signal payload is {size} bytes, over the limit of {limit} bytes (see Client::max_signal_payload)")]
+    PayloadTooLarge {
+        /// The payload's size as JSON, in bytes.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A value given to a builder is out of range; the message says which and why.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A value could not be serialized to JSON.
+    #[error("could not serialize to JSON: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// The database returned an error or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Running the migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// `Result<T, gen_durable::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,269 @@
+//! The contract between a declared FSM and the engine: the [`Fsm`] trait that
+//! `#[durable_fsm]` / `#[durable_job]` generate, and the [`Step`] outcomes a step returns.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::ctx::Ctx;
+use crate::options::{insert_option_setters, InsertOptions};
+use crate::state::DurableState;
+
+/// The future a step handler returns.
+pub type StepFuture<'a, F> = Pin<Box<dyn Future<Output = StepResult<F>> + Send + 'a>>;
+
+/// What a step returns: an outcome, or an error that goes to the FSM's `handle`.
+pub type StepResult<F> = Result<Step<F>, StepError>;
+
+/// A durable finite-state machine: its identity, its steps and their dispatch.
+///
+/// `#[durable_fsm]` on an enum (and `#[durable_job]` on an async fn) implement it;
+/// the enum's variants are the steps. A hand-written impl is possible and is what
+/// the engine's own tests use.
+pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
+    /// The typed state every step sees as `ctx.state`.
+    type State: DurableState;
+    /// The stored FSM name (`gd_instances.fsm`).
+    const NAME: &'static str;
+    /// The stored version (`gd_instances.fsm_version`), a positive integer.
+    const VERSION: i32;
+    /// The queue new instances go to unless the insert says otherwise.
+    const QUEUE: &'static str;
+    /// How many lost leases one step may cause before the reaper fails the instance.
+    const MAX_REAPS: i32 = 10;
+    /// Every stored step name, in declaration order.
+    const STEPS: &'static [&'static str];
+
+    /// The step a new instance starts at.
+    fn initial() -> Self;
+    /// The stored name of this step.
+    fn step_name(self) -> &'static str;
+    /// The step stored under `name`, if any.
+    fn from_step_name(name: &str) -> Option<Self>;
+    /// Runs this step's handler.
+    fn run_step<'a>(self, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self>;
+    /// Turns a failed step (an `Err` or a panic) into an outcome. Default: `stop`.
+    fn handle<'a>(err: StepError, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self> {
+        let _ = ctx;
+        Box::pin(async move { Ok(Step::stop(err.to_string())) })
+    }
+}
+
+/// What a step decided (spec §3.1). Build one with the constructors.
+#[derive(Debug)]
+pub struct Step<F: Fsm> {
+    pub(crate) kind: StepKind<F>,
+    /// Recorded as `last_error` with the outcome (set when a failure led to it).
+    pub(crate) error: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) enum StepKind<F: Fsm> {
+    Next(F),
+    Replay(Duration),
+    Await {
+        names: Vec<String>,
+        next: F,
+        timeout: Option<Duration>,
+    },
+    ScheduleChilds {
+        children: Vec<Child>,
+        next: F,
+    },
+    Done(Value),
+    Stop(String),
+}
+
+impl<F: Fsm> Step<F> {
+    fn of(kind: StepKind<F>) -> Self {
+        Step { kind, error: None }
+    }
+
+    /// Records `error` as the instance's `last_error` with this outcome, e.g. on a
+    /// `replay` chosen because something failed.
+    pub fn with_error(mut self, error: impl fmt::Display) -> Self {
+        self.error = Some(error.to_string());
+        self
+    }
+
+    /// Go on at step `next`, runnable now; `attempt` resets to 0 and the awaited signals are consumed.
+    pub fn next(next: F) -> Self {
+        Step::of(StepKind::Next(next))
+    }
+
+    /// Run this same step again after `delay`; `attempt` goes up by one, nothing is consumed.
+    pub fn replay(delay: Duration) -> Self {
+        Step::of(StepKind::Replay(delay))
+    }
+
+    /// Park until a signal with one of `names` arrives, then run `next`.
+    /// Add [`Step::timeout`] to give up waiting after a while.
+    pub fn await_signal<I, S>(names: I, next: F) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Step::of(StepKind::Await {
+            names: names.into_iter().map(Into::into).collect(),
+            next,
+            timeout: None,
+        })
+    }
+
+    /// On an `await_signal`: run `next` with nothing awaited once `after` has passed
+    /// (by the database clock). Has no effect on other outcomes.
+    pub fn timeout(mut self, after: Duration) -> Self {
+        if let StepKind::Await { timeout, .. } = &mut self.kind {
+            *timeout = Some(after);
+        }
+        self
+    }
+
+    /// Insert `children` and park until every one of them is terminal, then run `next`.
+    pub fn schedule_childs(children: Vec<Child>, next: F) -> Self {
+        Step::of(StepKind::ScheduleChilds { children, next })
+    }
+
+    /// Finish with `result`; the whole inbox is deleted.
+    pub fn done(result: impl Into<Value>) -> Self {
+        Step::of(StepKind::Done(result.into()))
+    }
+
+    /// Stop for good with `reason` as `last_error`; the whole inbox is deleted.
+    pub fn stop(reason: impl fmt::Display) -> Self {
+        Step::of(StepKind::Stop(reason.to_string()))
+    }
+
+    /// The outcome's name as telemetry reports it: `next`, `replay`, `await`, …
+    pub fn kind_name(&self) -> &'static str {
+        self.kind.name()
+    }
+}
+
+impl<F: Fsm> StepKind<F> {
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            StepKind::Next(_) => "next",
+            StepKind::Replay(_) => "replay",
+            StepKind::Await { .. } => "await",
+            StepKind::ScheduleChilds { .. } => "schedule_childs",
+            StepKind::Done(_) => "done",
+            StepKind::Stop(_) => "stop",
+        }
+    }
+}
+
+/// A failed step: an error a handler returned with `?`, a caught panic, or a state that no
+/// longer casts. It is what `handle(err, ctx)` receives.
+#[derive(Debug, Clone)]
+pub struct StepError {
+    kind: StepErrorKind,
+    message: String,
+}
+
+/// Why a step failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepErrorKind {
+    /// The handler returned `Err`.
+    Error,
+    /// The handler panicked.
+    Panic,
+    /// The stored state no longer casts into the state type.
+    StateCast,
+    /// Committing the step's own `ctx.transaction()` writes failed.
+    Transaction,
+}
+
+impl StepError {
+    /// A step error with a message.
+    pub fn new(message: impl fmt::Display) -> Self {
+        StepError {
+            kind: StepErrorKind::Error,
+            message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn with_kind(kind: StepErrorKind, message: impl fmt::Display) -> Self {
+        StepError {
+            kind,
+            message: message.to_string(),
+        }
+    }
+
+    /// Why the step failed.
+    pub fn kind(&self) -> StepErrorKind {
+        self.kind
+    }
+
+    /// The error's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// True if the step panicked.
+    pub fn is_panic(&self) -> bool {
+        self.kind == StepErrorKind::Panic
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            StepErrorKind::Panic => write!(f, "step panicked: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Any error converts with `?`, like `anyhow`; its `Display` becomes the message.
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for StepError {
+    fn from(err: E) -> Self {
+        StepError::new(err)
+    }
+}
+
+/// Capped exponential backoff: `1 s · 2^attempt`, at most 300 s.
+pub fn backoff(attempt: i32) -> Duration {
+    backoff_capped(attempt, Duration::from_secs(300))
+}
+
+/// `1 s · 2^attempt`, at most `cap`.
+pub fn backoff_capped(attempt: i32, cap: Duration) -> Duration {
+    let exp = attempt.clamp(0, 30) as u32;
+    Duration::from_secs(1u64 << exp).min(cap)
+}
+
+/// A child instance to insert with [`Step::schedule_childs`]: any FSM, any insert options.
+#[derive(Debug, Clone)]
+pub struct Child {
+    pub(crate) fsm: &'static str,
+    pub(crate) version: i32,
+    pub(crate) initial: &'static str,
+    pub(crate) steps: &'static [&'static str],
+    pub(crate) default_queue: &'static str,
+    pub(crate) max_reaps: i32,
+    pub(crate) state: Result<Value, String>,
+    pub(crate) opts: InsertOptions,
+}
+
+impl Child {
+    /// A child of FSM `C` starting from `state`.
+    pub fn new<C: Fsm>(state: C::State) -> Self {
+        Child {
+            fsm: C::NAME,
+            version: C::VERSION,
+            initial: C::initial().step_name(),
+            steps: C::STEPS,
+            default_queue: C::QUEUE,
+            max_reaps: C::MAX_REAPS,
+            state: serde_json::to_value(&state).map_err(|e| e.to_string()),
+            opts: InsertOptions::default(),
+        }
+    }
+
+    insert_option_setters!();
+}

@@ -1,0 +1,15 @@
+//! Embedded schema migrations.
+
+use sqlx::PgPool;
+
+use crate::error::Result;
+
+/// The migrations in `migrations/`, embedded at compile time.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Brings the schema up to date. Idempotent; safe when several processes run it at
+/// once (sqlx serializes them with an advisory lock held for the migration only).
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Which FSMs this process can run, resolved from a row's `(fsm, fsm_version)` (spec §7.1).
+//!
+//! Every `#[durable_fsm]` / `#[durable_job]` type linked into the binary submits an
+//! [`FsmEntry`] through `inventory`; [`Registry::linked`] collects them, and
+//! `Engine::builder(..).fsm::<T>()` adds one explicitly.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::fsm::Fsm;
+use crate::runtime::{run_erased, StepInput, StepOutput};
+use crate::state::{CastError, DurableState};
+
+/// The type-erased description of one FSM version: what the engine needs to claim,
+/// validate and run its rows without knowing the Rust type.
+#[derive(Clone, Copy)]
+pub struct FsmEntry {
+    /// Stored FSM name.
+    pub name: &'static str,
+    /// Version.
+    pub version: i32,
+    /// Default queue.
+    pub queue: &'static str,
+    /// Stored step names.
+    pub steps: &'static [&'static str],
+    /// Lost leases allowed per step before the instance fails.
+    pub max_reaps: i32,
+    initial: fn() -> &'static str,
+    cast: fn(&Value) -> std::result::Result<(), CastError>,
+    pub(crate) run: fn(StepInput) -> futures_util::future::BoxFuture<'static, StepOutput>,
+}
+
+impl std::fmt::Debug for FsmEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsmEntry")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("queue", &self.queue)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+fn initial_of<F: Fsm>() -> &'static str {
+    F::initial().step_name()
+}
+
+fn cast_of<F: Fsm>(value: &Value) -> std::result::Result<(), CastError> {
+    F::State::cast(value).map(drop)
+}
+
+fn run_of<F: Fsm>(input: StepInput) -> futures_util::future::BoxFuture<'static, StepOutput> {
+    Box::pin(run_erased::<F>(input))
+}
+
+impl FsmEntry {
+    /// The entry of FSM `F`. `const`, so macros can submit it to `inventory`.
+    pub const fn of<F: Fsm>() -> Self {
+        FsmEntry {
+            name: F::NAME,
+            version: F::VERSION,
+            queue: F::QUEUE,
+            steps: F::STEPS,
+            max_reaps: F::MAX_REAPS,
+            initial: initial_of::<F>,
+            cast: cast_of::<F>,
+            run: run_of::<F>,
+        }
+    }
+
+    /// The stored name of the initial step.
+    pub fn initial(&self) -> &'static str {
+        (self.initial)()
+    }
+
+    /// Runs one step of an instance of this FSM (see [`crate::runtime::run_erased`]).
+    pub fn run(&self, input: StepInput) -> futures_util::future::BoxFuture<'static, StepOutput> {
+        (self.run)(input)
+    }
+
+    /// Checks that `state` casts into this FSM's state type.
+    pub fn check_state(&self, state: &Value) -> std::result::Result<(), CastError> {
+        (self.cast)(state)
+    }
+
+    /// Checks that `step` is one of this FSM's stored step names.
+    pub fn check_step(&self, step: &str) -> Result<()> {
+        if self.steps.contains(&step) {
+            Ok(())
+        } else {
+            Err(Error::UnknownStep {
+                fsm: self.name.to_string(),
+                version: self.version,
+                step: step.to_string(),
+                known: self.steps.to_vec(),
+            })
+        }
+    }
+}
+
+inventory::collect!(FsmEntry);
+
+/// A set of FSM versions, keyed by `(name, version)`.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    entries: BTreeMap<(String, i32), FsmEntry>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every FSM linked into this binary through the macros.
+    pub fn linked() -> Self {
+        let mut reg = Registry::new();
+        for entry in inventory::iter::<FsmEntry> {
+            reg.add(*entry);
+        }
+        reg
+    }
+
+    /// Adds (or replaces) one entry.
+    pub fn add(&mut self, entry: FsmEntry) {
+        self.entries
+            .insert((entry.name.to_string(), entry.version), entry);
+    }
+
+    /// Adds FSM `F`.
+    pub fn register<F: Fsm>(&mut self) {
+        self.add(FsmEntry::of::<F>());
+    }
+
+    /// The entry for `(name, version)`, or a typed error saying which part is unknown.
+    pub fn resolve(&self, name: &str, version: i32) -> Result<&FsmEntry> {
+        if let Some(e) = self.entries.get(&(name.to_string(), version)) {
+            return Ok(e);
+        }
+        let versions: Vec<i32> = self
+            .entries
+            .keys()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .collect();
+        if versions.is_empty() {
+            let mut names: Vec<&str> = self.entries.keys().map(|(n, _)| n.as_str()).collect();
+            names.dedup();
+            Err(Error::UnknownFsm {
+                name: name.to_string(),
+                known: names.join(", "),
+            })
+        } else {
+            Err(Error::UnknownVersion {
+                name: name.to_string(),
+                version,
+                known: versions,
+            })
+        }
+    }
+
+    /// The entry for `(name, version)`, if registered.
+    pub fn get(&self, name: &str, version: i32) -> Option<&FsmEntry> {
+        self.entries.get(&(name.to_string(), version))
+    }
+
+    /// The highest registered version of `name`.
+    pub fn latest(&self, name: &str) -> Option<&FsmEntry> {
+        self.entries
+            .iter()
+            .filter(|((n, _), _)| n == name)
+            .map(|(_, e)| e)
+            .next_back()
+    }
+
+    /// Every entry, ordered by name then version.
+    pub fn iter(&self) -> impl Iterator<Item = &FsmEntry> {
+        self.entries.values()
+    }
+
+    /// `(names, versions)` as two parallel arrays, for the pick's registered-version filter.
+    pub(crate) fn name_version_arrays(&self) -> (Vec<String>, Vec<i32>) {
+        self.entries.keys().cloned().unzip()
+    }
+}

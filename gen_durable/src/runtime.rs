@@ -1,0 +1,387 @@
+//! The backend-neutral step runner: turns a claimed instance into a committed-to-be
+//! outcome. The Postgres engine and the in-memory testkit both run steps through
+//! [`run_erased`], so the two cannot differ in how a step, its `handle`, a panic or
+//! an uncastable state become an outcome.
+
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio_util::sync::CancellationToken;
+
+use crate::ctx::{ChildInfo, Ctx, Signal, StepContext};
+use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
+use crate::options::InsertOptions;
+use crate::state::DurableState;
+use crate::Status;
+
+/// A claimed instance, as the runner needs it.
+#[derive(Debug)]
+pub struct StepInput {
+    /// Instance id.
+    pub id: i64,
+    /// Stored step name to run.
+    pub step: String,
+    /// Stored state.
+    pub state: Value,
+    /// `attempt` column.
+    pub attempt: i32,
+    /// `awaits` column: the names the last await named.
+    pub awaits: Vec<String>,
+    /// The whole inbox.
+    pub inbox: Vec<Signal>,
+    /// The children, if any.
+    pub childs: Vec<ChildInfo>,
+    /// The clock's time at claim.
+    pub now: DateTime<Utc>,
+    /// Cancelled on drain or instance cancel.
+    pub cancel: CancellationToken,
+    /// Where `ctx.transaction()` begins its transaction (None in the testkit).
+    pub pool: Option<PgPool>,
+}
+
+/// What a step produced, ready to commit.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// The state to commit.
+    pub state: Value,
+    /// Signal ids to delete on a progressing outcome (`next`, `schedule_childs`).
+    pub consumed: Vec<i64>,
+    /// `last_error` to record with the outcome (a `stop` records its reason).
+    pub error: Option<String>,
+    /// The step's own transaction, to commit with the outcome.
+    pub tx: Option<Transaction<'static, Postgres>>,
+    /// How long the handler (and `handle`) ran.
+    pub duration: Duration,
+}
+
+/// A type-erased step outcome (spec §3.1).
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Go on at `step`, runnable now.
+    Next {
+        /// Stored name of the next step.
+        step: &'static str,
+    },
+    /// Run the same step again after `delay`.
+    Replay {
+        /// Delay from now.
+        delay: Duration,
+    },
+    /// Park until a signal in `names` (or the timeout), then run `step`.
+    Await {
+        /// Awaited names.
+        names: Vec<String>,
+        /// Step to run on wake.
+        step: &'static str,
+        /// Give up waiting after this long.
+        timeout: Option<Duration>,
+    },
+    /// Insert the children and park until all are terminal, then run `step`.
+    ScheduleChilds {
+        /// The children to insert.
+        children: Vec<NewInstance>,
+        /// Step to run when all are terminal.
+        step: &'static str,
+    },
+    /// Finished.
+    Done {
+        /// The result.
+        result: Value,
+    },
+    /// Failed for good.
+    Stop {
+        /// Recorded as `last_error`.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// The kind's name: `next · replay · await · schedule_childs · done · stop`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Next { .. } => "next",
+            Outcome::Replay { .. } => "replay",
+            Outcome::Await { .. } => "await",
+            Outcome::ScheduleChilds { .. } => "schedule_childs",
+            Outcome::Done { .. } => "done",
+            Outcome::Stop { .. } => "stop",
+        }
+    }
+
+    /// The status this outcome leaves the instance in, before signals or children
+    /// can change it (an `await` may still commit as `runnable`).
+    pub fn status(&self) -> Status {
+        match self {
+            Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
+            Outcome::Await { .. } => Status::AwaitingSignal,
+            Outcome::ScheduleChilds { .. } => Status::AwaitingChildren,
+            Outcome::Done { .. } => Status::Done,
+            Outcome::Stop { .. } => Status::Failed,
+        }
+    }
+}
+
+/// A row to insert, type-erased: what `insert`, `insert_all`, `insert_json` and
+/// `schedule_childs` all reduce to.
+#[derive(Debug, Clone)]
+pub struct NewInstance {
+    /// FSM name.
+    pub fsm: String,
+    /// FSM version.
+    pub version: i32,
+    /// Starting step.
+    pub step: String,
+    /// State.
+    pub state: Value,
+    /// Queue.
+    pub queue: String,
+    /// Priority (lower first).
+    pub priority: i16,
+    /// Partition key.
+    pub partition_key: Option<String>,
+    /// Unique key.
+    pub unique_key: Option<String>,
+    /// Unique scope (resolved: a key always comes with a scope).
+    pub unique_scope: Option<Vec<Status>>,
+    /// Absolute eligibility (eligible_at, else schedule_at).
+    pub eligible_at: Option<DateTime<Utc>>,
+    /// Delay from the clock's now, when no absolute time was given.
+    pub delay: Option<Duration>,
+    /// Lost leases allowed per step.
+    pub max_reaps: i32,
+}
+
+impl NewInstance {
+    /// Builds a row from a resolved FSM identity, a state and insert options.
+    pub(crate) fn from_parts(
+        fsm: &str,
+        version: i32,
+        initial: &str,
+        default_queue: &str,
+        max_reaps: i32,
+        state: Value,
+        opts: InsertOptions,
+    ) -> Self {
+        NewInstance {
+            fsm: fsm.to_string(),
+            version,
+            step: opts.step.clone().unwrap_or_else(|| initial.to_string()),
+            state,
+            queue: opts
+                .queue
+                .clone()
+                .unwrap_or_else(|| default_queue.to_string()),
+            priority: opts.priority,
+            partition_key: opts.partition_key.clone(),
+            unique_scope: opts.resolved_scope(),
+            eligible_at: opts.absolute_at(),
+            delay: opts.delay(),
+            unique_key: opts.unique_key,
+            max_reaps,
+        }
+    }
+}
+
+impl Child {
+    /// Checks the child and turns it into a row.
+    fn into_new_instance(self) -> Result<NewInstance, String> {
+        let state = self
+            .state
+            .map_err(|e| format!("child {} state does not serialize: {e}", self.fsm))?;
+        if let Some(step) = &self.opts.step {
+            if !self.steps.contains(&step.as_str()) {
+                return Err(format!(
+                    "child {} has no step {step:?} (steps: {:?})",
+                    self.fsm, self.steps
+                ));
+            }
+        }
+        Ok(NewInstance::from_parts(
+            self.fsm,
+            self.version,
+            self.initial,
+            self.default_queue,
+            self.max_reaps,
+            state,
+            self.opts,
+        ))
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+fn stop_output(reason: String, state: Value, started: Instant) -> StepOutput {
+    StepOutput {
+        error: Some(reason.clone()),
+        outcome: Outcome::Stop { reason },
+        state,
+        consumed: Vec::new(),
+        tx: None,
+        duration: started.elapsed(),
+    }
+}
+
+/// Runs one step of FSM `F` on `input`: the handler outside any transaction, with
+/// panics caught; on an `Err` or a panic, `handle` with the last committed state
+/// and without the failed step's `ctx.transaction()` writes; a failing `handle`
+/// stops the instance.
+pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
+    let started = Instant::now();
+    let Some(step) = F::from_step_name(&input.step) else {
+        let reason = format!(
+            "{} v{} has no step {:?} (steps: {:?})",
+            F::NAME,
+            F::VERSION,
+            input.step,
+            F::STEPS
+        );
+        return stop_output(reason, input.state, started);
+    };
+    let state = match F::State::cast(&input.state) {
+        Ok(state) => state,
+        Err(err) => {
+            let reason = format!(
+                "stored state no longer casts into {}: {err}",
+                <F::State as DurableState>::TYPE_NAME
+            );
+            return stop_output(reason, input.state, started);
+        }
+    };
+    let awaited: Vec<Signal> = input
+        .inbox
+        .iter()
+        .filter(|s| input.awaits.iter().any(|n| *n == s.name))
+        .cloned()
+        .collect();
+    let base = StepContext {
+        id: input.id,
+        fsm: F::NAME,
+        fsm_version: F::VERSION,
+        step: step.step_name(),
+        attempt: input.attempt,
+        awaited,
+        inbox: input.inbox,
+        childs: input.childs,
+        now: input.now,
+        cancel: input.cancel,
+        pool: input.pool,
+        tx: None,
+    };
+    let mut ctx: Ctx<F> = Ctx::new(state, base);
+
+    let stored_state = input.state;
+    let first = AssertUnwindSafe(step.run_step(&mut ctx))
+        .catch_unwind()
+        .await;
+    let failure = match first {
+        Ok(Ok(step)) => return finish(step, ctx, None, started),
+        Ok(Err(err)) => err,
+        Err(panic) => StepError::with_kind(StepErrorKind::Panic, panic_message(panic)),
+    };
+
+    // The failed step has no effects: its own writes roll back and `handle` sees the
+    // last committed state, so re-running the step starts from where it started.
+    ctx.base.tx = None;
+    match F::State::cast(&stored_state) {
+        Ok(state) => ctx.state = state,
+        Err(err) => return stop_output(err.to_string(), stored_state, started),
+    }
+    let message = failure.to_string();
+    let handled = AssertUnwindSafe(F::handle(failure, &mut ctx))
+        .catch_unwind()
+        .await;
+    match handled {
+        Ok(Ok(step)) => finish(step, ctx, Some(message), started),
+        Ok(Err(err)) => stop_output(
+            format!("{message}; then handle failed: {err}"),
+            stored_state,
+            started,
+        ),
+        Err(panic) => stop_output(
+            format!("{message}; then handle panicked: {}", panic_message(panic)),
+            stored_state,
+            started,
+        ),
+    }
+}
+
+/// Erases a typed outcome, with the state and context it commits.
+fn finish<F: Fsm>(
+    step: Step<F>,
+    mut ctx: Ctx<F>,
+    failure: Option<String>,
+    started: Instant,
+) -> StepOutput {
+    let state = match serde_json::to_value(&ctx.state) {
+        Ok(v) => v,
+        Err(e) => {
+            return stop_output(
+                format!("state does not serialize: {e}"),
+                Value::Null,
+                started,
+            )
+        }
+    };
+    let awaited_ids = || ctx.base.awaited.iter().map(|s| s.id).collect::<Vec<_>>();
+    let mut consumed = Vec::new();
+    let outcome = match step.kind {
+        StepKind::Next(next) => {
+            consumed = awaited_ids();
+            Outcome::Next {
+                step: next.step_name(),
+            }
+        }
+        StepKind::Replay(delay) => Outcome::Replay { delay },
+        StepKind::Await {
+            names,
+            next,
+            timeout,
+        } => Outcome::Await {
+            names,
+            step: next.step_name(),
+            timeout,
+        },
+        StepKind::ScheduleChilds { children, next } => {
+            let rows: Result<Vec<_>, String> =
+                children.into_iter().map(Child::into_new_instance).collect();
+            match rows {
+                Ok(children) => {
+                    consumed = awaited_ids();
+                    Outcome::ScheduleChilds {
+                        children,
+                        step: next.step_name(),
+                    }
+                }
+                Err(reason) => return stop_output(reason, state, started),
+            }
+        }
+        StepKind::Done(result) => Outcome::Done { result },
+        StepKind::Stop(reason) => Outcome::Stop { reason },
+    };
+    let error = match &outcome {
+        Outcome::Stop { reason } => Some(reason.clone()),
+        _ => step.error.or(failure),
+    };
+    StepOutput {
+        outcome,
+        state,
+        consumed,
+        error,
+        tx: ctx.base.tx.take(),
+        duration: started.elapsed(),
+    }
+}

@@ -1,0 +1,3 @@
+//! Persistence. Every SQL statement gen_durable runs lives under `store::pg`.
+
+pub(crate) mod pg;

@@ -1,0 +1,105 @@
+//! Inserting instances: one statement for one row or twenty thousand.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use crate::error::Result;
+use crate::runtime::NewInstance;
+use crate::store::pg::millis;
+
+/// Inserts rows from parallel arrays (`unnest`), so the statement has a fixed number of
+/// binds whatever the batch size. Rows are inserted in unique-key order so that two
+/// concurrent batches take index locks in the same order and cannot deadlock. A row
+/// whose key is occupied (by a stored row or an earlier row of the same batch) is
+/// dropped by `ON CONFLICT … DO NOTHING` on the partial unique index over
+/// `unique_guard`. One `pg_notify` per distinct queue of the rows that are runnable now.
+const INSERT: &str = r#"
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::int2[],
+                $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::int8[], $12::int4[],
+                $14::int8[])
+         WITH ORDINALITY AS t(fsm, fsm_version, step, state, queue, priority, partition_key,
+                              unique_key, unique_scope, eligible_at, delay_ms, max_reaps,
+                              parent_id, ord)
+), ins AS (
+    INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
+                              unique_key, unique_scope, eligible_at, max_reaps, parent_id,
+                              inserted_at, updated_at)
+    SELECT fsm, fsm_version, step, state, queue, priority, partition_key, unique_key,
+           string_to_array(unique_scope, ',')::gd_status[],
+           coalesce(eligible_at,
+                    coalesce($13, now()) + coalesce(delay_ms, 0) * interval '1 millisecond'),
+           max_reaps, parent_id, coalesce($13, now()), coalesce($13, now())
+    FROM input
+    ORDER BY unique_key NULLS LAST, ord
+    ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
+    RETURNING id, queue, eligible_at
+)
+SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       (SELECT count(pg_notify('gd_wake', q))
+          FROM (SELECT DISTINCT queue AS q FROM ins
+                 WHERE eligible_at <= coalesce($13, now())) d) AS notified
+FROM ins
+"#;
+
+/// Inserts `rows` (children of `parent` if given) and returns the ids actually inserted,
+/// ascending. Duplicates by unique key are dropped, not errors.
+pub(crate) async fn insert_rows<'e>(
+    db: impl PgExecutor<'e>,
+    rows: &[NewInstance],
+    parent: Option<i64>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<i64>> {
+    let n = rows.len();
+    let mut fsm = Vec::with_capacity(n);
+    let mut version = Vec::with_capacity(n);
+    let mut step = Vec::with_capacity(n);
+    let mut state = Vec::with_capacity(n);
+    let mut queue = Vec::with_capacity(n);
+    let mut priority = Vec::with_capacity(n);
+    let mut partition = Vec::with_capacity(n);
+    let mut ukey = Vec::with_capacity(n);
+    let mut uscope = Vec::with_capacity(n);
+    let mut eligible = Vec::with_capacity(n);
+    let mut delay = Vec::with_capacity(n);
+    let mut max_reaps = Vec::with_capacity(n);
+    let mut parents = Vec::with_capacity(n);
+    for r in rows {
+        fsm.push(r.fsm.as_str());
+        version.push(r.version);
+        step.push(r.step.as_str());
+        state.push(&r.state);
+        queue.push(r.queue.as_str());
+        priority.push(r.priority);
+        partition.push(r.partition_key.as_deref());
+        ukey.push(r.unique_key.as_deref());
+        uscope.push(
+            r.unique_scope
+                .as_ref()
+                .map(|s| s.iter().map(|st| st.as_str()).collect::<Vec<_>>().join(",")),
+        );
+        eligible.push(r.eligible_at);
+        delay.push(r.delay.map(millis));
+        max_reaps.push(r.max_reaps);
+        parents.push(parent);
+    }
+    let ids: Vec<i64> = sqlx::query_scalar(INSERT)
+        .bind(fsm)
+        .bind(version)
+        .bind(step)
+        .bind(state)
+        .bind(queue)
+        .bind(priority)
+        .bind(partition)
+        .bind(ukey)
+        .bind(uscope)
+        .bind(eligible)
+        .bind(delay)
+        .bind(max_reaps)
+        .bind(now)
+        .bind(parents)
+        .fetch_one(db)
+        .await?;
+    Ok(ids)
+}

@@ -1,0 +1,72 @@
+//! Delivering a signal: store it, and wake the instance only on a name match.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgExecutor;
+
+use crate::error::Result;
+use crate::Status;
+
+/// One statement (spec §5). `target` locks the instance row first, so delivery
+/// serializes with any outcome commit on the same row (those lock it in their first
+/// statement): either the commit sees this signal when it decides to park, or this
+/// statement sees the parked row — never neither, so no wake-up is lost. Under READ
+/// COMMITTED a locking read returns the newest row version, which is why `wake`
+/// decides from `target`'s columns rather than from its own (older) snapshot.
+/// A redelivery with the same `dedup_key` inserts nothing and wakes nothing.
+const DELIVER: &str = r#"
+WITH target AS (
+    SELECT id, status, awaits, queue FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE
+), ins AS (
+    INSERT INTO gd_signals (target_id, name, payload, dedup_key, inserted_at)
+    SELECT id, $2, $3, $4, coalesce($5, now()) FROM target
+    WHERE status NOT IN ('done', 'failed')
+    ON CONFLICT (target_id, dedup_key) DO NOTHING
+    RETURNING id
+), wake AS (
+    UPDATE gd_instances i
+       SET status = 'runnable', eligible_at = coalesce($5, now()), await_deadline = NULL,
+           updated_at = coalesce($5, now())
+      FROM target t
+     WHERE i.id = t.id AND t.status = 'awaiting_signal' AND $2 = ANY (t.awaits)
+       AND EXISTS (SELECT 1 FROM ins)
+    RETURNING i.queue
+)
+SELECT (SELECT status FROM target) AS status,
+       (SELECT id FROM ins) AS signal_id,
+       (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
+"#;
+
+/// What one delivery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delivered {
+    /// The target's status before delivery; None if no such instance.
+    pub(crate) status: Option<Status>,
+    /// The new signal's id; None if nothing was stored.
+    pub(crate) signal_id: Option<i64>,
+    /// Whether the instance was woken.
+    pub(crate) woke: bool,
+}
+
+pub(crate) async fn deliver<'e>(
+    db: impl PgExecutor<'e>,
+    target: i64,
+    name: &str,
+    payload: &Value,
+    dedup_key: Option<&str>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Delivered> {
+    let (status, signal_id, woke): (Option<Status>, Option<i64>, i64) = sqlx::query_as(DELIVER)
+        .bind(target)
+        .bind(name)
+        .bind(payload)
+        .bind(dedup_key)
+        .bind(now)
+        .fetch_one(db)
+        .await?;
+    Ok(Delivered {
+        status,
+        signal_id,
+        woke: woke > 0,
+    })
+}
