@@ -264,7 +264,7 @@ pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
     let awaited: Vec<Signal> = input
         .inbox
         .iter()
-        .filter(|s| input.awaits.iter().any(|n| *n == s.name))
+        .filter(|s| input.awaits.contains(&s.name))
         .cloned()
         .collect();
     let base = StepContext {

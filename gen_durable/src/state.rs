@@ -78,6 +78,13 @@ pub fn cast_field<T: DeserializeOwned>(value: &Value, path: &str) -> Result<T, C
             .map(json_kind)
             .unwrap_or("missing");
         let message = err.into_inner().to_string();
+        // serde reports a missing field at the object that lacks it; name the field.
+        if let Some(field) = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.strip_suffix('`'))
+        {
+            return CastError::missing(format!("{full}.{field}"), "a value");
+        }
         CastError {
             path: full,
             expected: expected_from(&message),
@@ -101,8 +108,6 @@ fn expected_from(message: &str) -> String {
     if let Some(at) = message.find("expected ") {
         let rest = &message[at + "expected ".len()..];
         rest.split(" at line").next().unwrap_or(rest).to_string()
-    } else if let Some(field) = message.strip_prefix("missing field ") {
-        format!("field {field}")
     } else {
         message.to_string()
     }

@@ -1,0 +1,1 @@
+//! Integration tests and examples of gen_durable live in `tests/` and `examples/`.
