@@ -138,8 +138,7 @@ impl Client {
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let key = row.unique_key.clone();
         let ids =
-            pg::insert::insert_rows(db, std::slice::from_ref(&row), None, self.clock.now_param())
-                .await?;
+            pg::insert::insert_rows(db, std::slice::from_ref(&row), self.clock.now_param()).await?;
         ids.first().copied().ok_or_else(|| Error::Duplicate {
             key: key.unwrap_or_default(),
         })
@@ -263,7 +262,7 @@ impl<F: Fsm> InsertAll<'_, F> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        pg::insert::insert_rows(db, &rows, None, self.client.clock.now_param()).await
+        pg::insert::insert_rows(db, &rows, self.client.clock.now_param()).await
     }
 }
 

@@ -84,6 +84,15 @@ pub enum Error {
         /// The configured limit.
         limit: usize,
     },
+    /// A step's outcome could not be committed (the database was unreachable or refused
+    /// it). Nothing of it was written; the row is retried once its lease expires.
+    #[error("outcome of instance {id} not committed: {reason}")]
+    CommitFailed {
+        /// The instance.
+        id: i64,
+        /// The underlying error.
+        reason: String,
+    },
     /// A value given to a builder is out of range; the message says which and why.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

@@ -10,6 +10,7 @@
 mod client;
 mod clock;
 mod ctx;
+mod engine;
 mod error;
 mod fsm;
 mod job;
@@ -20,12 +21,14 @@ pub mod runtime;
 mod state;
 mod status;
 mod store;
+mod telemetry;
 
 pub use client::{
     Client, Delivery, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
 pub use clock::Clock;
 pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};
+pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain};
 pub use error::{Error, Result};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
@@ -36,14 +39,15 @@ pub use options::InsertOptions;
 pub use registry::{FsmEntry, Registry};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;
+pub use telemetry::{Event, EventHandler};
 
 pub use gen_durable_macros::*;
 
 /// The usual imports: `use gen_durable::prelude::*;`
 pub mod prelude {
     pub use crate::{
-        backoff, Child, Client, Ctx, DurableState, Fsm, JobCtx, JobError, JobResult, Signal,
-        Status, Step, StepError, StepResult,
+        backoff, Child, Client, Ctx, DurableState, Engine, Fsm, JobCtx, JobError, JobResult,
+        Signal, Status, Step, StepError, StepResult,
     };
     pub use serde::{Deserialize, Serialize};
     pub use serde_json::json;

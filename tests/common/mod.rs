@@ -62,7 +62,7 @@ pub fn registry() -> gen_durable::Registry {
 /// One column of one instance, as text, for assertions.
 pub async fn column(pool: &sqlx::PgPool, id: i64, col: &str) -> Option<String> {
     sqlx::query_scalar(&format!(
-        "SELECT {col}::text FROM gd_instances WHERE id = $1"
+        "SELECT ({col})::text FROM gd_instances WHERE id = $1"
     ))
     .bind(id)
     .fetch_one(pool)
@@ -75,4 +75,102 @@ pub async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count query")
+}
+
+/// Hand-rolls an `Fsm` impl for tests, so engine tests don't depend on the macros:
+///
+/// ```ignore
+/// test_fsm!(Counter, state = Count, queue = "q", version = 1, {
+///     A => "a" |ctx| { ctx.state.n += 1; Ok(Step::next(Counter::B)) },
+///     B => "b" |ctx| { Ok(Step::done(json!(ctx.state.n))) },
+/// });
+/// ```
+#[macro_export]
+macro_rules! test_fsm {
+    ($name:ident, state = $state:ty, queue = $queue:expr, version = $ver:expr,
+     { $($variant:ident => $sname:literal |$ctx:ident| $body:block),+ $(,)? }
+     $(, handle |$err:ident, $hctx:ident| $hbody:block)? $(, max_reaps = $mr:expr)?) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $($variant),+ }
+        impl ::gen_durable::Fsm for $name {
+            type State = $state;
+            const NAME: &'static str = stringify!($name);
+            const VERSION: i32 = $ver;
+            const QUEUE: &'static str = $queue;
+            $(const MAX_REAPS: i32 = $mr;)?
+            const STEPS: &'static [&'static str] = &[$($sname),+];
+            fn initial() -> Self { [$($name::$variant),+][0] }
+            fn step_name(self) -> &'static str { match self { $($name::$variant => $sname),+ } }
+            fn from_step_name(name: &str) -> Option<Self> {
+                match name { $($sname => Some($name::$variant),)+ _ => None }
+            }
+            #[allow(unused_mut)]
+            fn run_step<'a>(self, ctx: &'a mut ::gen_durable::Ctx<Self>) -> ::gen_durable::StepFuture<'a, Self> {
+                match self {
+                    $($name::$variant => Box::pin(async move { let $ctx = ctx; $body }),)+
+                }
+            }
+            $(fn handle<'a>($err: ::gen_durable::StepError, ctx: &'a mut ::gen_durable::Ctx<Self>) -> ::gen_durable::StepFuture<'a, Self> {
+                Box::pin(async move { let $hctx = ctx; $hbody })
+            })?
+        }
+    };
+}
+
+/// A JSON state for tests.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Count {
+    #[serde(default)]
+    pub n: i64,
+    #[serde(default)]
+    pub log: Vec<String>,
+}
+
+impl DurableState for Count {
+    const TYPE_NAME: &'static str = "Count";
+}
+
+/// Polls `cond` every 10 ms until it holds or `secs` pass; panics with `what` otherwise.
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond().await {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for: {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The status of an instance.
+pub async fn status(pool: &sqlx::PgPool, id: i64) -> String {
+    column(pool, id, "status")
+        .await
+        .expect("status is never null")
+}
+
+/// Waits until the instance is terminal; returns its status.
+pub async fn finished(pool: &sqlx::PgPool, id: i64, secs: u64) -> String {
+    eventually(secs, &format!("instance {id} to finish"), || async move {
+        matches!(status(pool, id).await.as_str(), "done" | "failed")
+    })
+    .await;
+    status(pool, id).await
+}
+
+/// Collects telemetry events for assertions.
+#[derive(Clone, Default)]
+pub struct Events(pub std::sync::Arc<std::sync::Mutex<Vec<gen_durable::Event>>>);
+
+impl Events {
+    pub fn handler(&self) -> impl Fn(&gen_durable::Event) + Send + Sync + 'static {
+        let v = self.0.clone();
+        move |e| v.lock().unwrap().push(e.clone())
+    }
+    pub fn all(&self) -> Vec<gen_durable::Event> {
+        self.0.lock().unwrap().clone()
+    }
 }

@@ -34,23 +34,35 @@ WITH input AS (
     FROM input
     ORDER BY unique_key NULLS LAST, ord
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
-    RETURNING id, queue, eligible_at
+    RETURNING id, parent_id, queue, eligible_at
 )
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
+       coalesce(array_agg(parent_id ORDER BY id), '{}') AS parents,
        (SELECT count(pg_notify('gd_wake', q))
           FROM (SELECT DISTINCT queue AS q FROM ins
                  WHERE eligible_at <= coalesce($13, now())) d) AS notified
 FROM ins
 "#;
 
-/// Inserts `rows` (children of `parent` if given) and returns the ids actually inserted,
-/// ascending. Duplicates by unique key are dropped, not errors.
+/// Inserts `rows` and returns the ids actually inserted, ascending. Duplicates by
+/// unique key are dropped, not errors.
 pub(crate) async fn insert_rows<'e>(
     db: impl PgExecutor<'e>,
     rows: &[NewInstance],
-    parent: Option<i64>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<i64>> {
+    let parents = vec![None; rows.len()];
+    Ok(insert_with_parents(db, rows, &parents, now).await?.0)
+}
+
+/// Inserts `rows`, row `i` as a child of `parents[i]`; returns the inserted ids and,
+/// in the same order, their parents.
+pub(crate) async fn insert_with_parents<'e>(
+    db: impl PgExecutor<'e>,
+    rows: &[NewInstance],
+    parents: &[Option<i64>],
+    now: Option<DateTime<Utc>>,
+) -> Result<(Vec<i64>, Vec<Option<i64>>)> {
     let n = rows.len();
     let mut fsm = Vec::with_capacity(n);
     let mut version = Vec::with_capacity(n);
@@ -64,7 +76,6 @@ pub(crate) async fn insert_rows<'e>(
     let mut eligible = Vec::with_capacity(n);
     let mut delay = Vec::with_capacity(n);
     let mut max_reaps = Vec::with_capacity(n);
-    let mut parents = Vec::with_capacity(n);
     for r in rows {
         fsm.push(r.fsm.as_str());
         version.push(r.version);
@@ -82,9 +93,8 @@ pub(crate) async fn insert_rows<'e>(
         eligible.push(r.eligible_at);
         delay.push(r.delay.map(millis));
         max_reaps.push(r.max_reaps);
-        parents.push(parent);
     }
-    let ids: Vec<i64> = sqlx::query_scalar(INSERT)
+    let (ids, parent_ids): (Vec<i64>, Vec<Option<i64>>) = sqlx::query_as(INSERT)
         .bind(fsm)
         .bind(version)
         .bind(step)
@@ -101,5 +111,5 @@ pub(crate) async fn insert_rows<'e>(
         .bind(parents)
         .fetch_one(db)
         .await?;
-    Ok(ids)
+    Ok((ids, parent_ids))
 }

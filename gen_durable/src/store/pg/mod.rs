@@ -5,7 +5,10 @@
 //! to a claimed row is fenced by `(locked_by, lease_epoch)`; wake-ups are one
 //! `pg_notify('gd_wake', queue)` per queue per statement, delivered at commit.
 
+pub(crate) mod claim;
 pub(crate) mod insert;
+pub(crate) mod lease;
+pub(crate) mod outcome;
 pub(crate) mod signal;
 
 /// The LISTEN/NOTIFY channel; the payload is the queue name.

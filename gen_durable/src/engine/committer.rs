@@ -1,0 +1,115 @@
+//! Group commit: outcomes of many steps, across instances, in one transaction of a
+//! constant number of statements (fenced per row). While one batch commits, the next
+//! accumulates, so batching grows with load and adds no delay when idle.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Shared;
+use crate::error::{Error, Result};
+use crate::runtime::StepOutput;
+use crate::store::pg::outcome::{self, Commit};
+
+/// One outcome waiting to be committed, and where to report whether it was.
+#[derive(Debug)]
+pub(crate) struct CommitRequest {
+    pub(crate) id: i64,
+    pub(crate) epoch: i64,
+    pub(crate) output: StepOutput,
+    pub(crate) reply: oneshot::Sender<Result<bool>>,
+}
+
+/// True for errors after which the same transaction may simply be tried again: the
+/// fence makes a retry safe even if an earlier attempt did commit.
+pub(crate) fn retryable(err: &Error) -> bool {
+    match err {
+        Error::Database(sqlx::Error::Database(db)) => {
+            matches!(db.code().as_deref(), Some("40P01" | "40001"))
+        }
+        Error::Database(sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut) => true,
+        _ => false,
+    }
+}
+
+/// Commits `batch` in one transaction, retrying a deadlock or a dropped connection a
+/// few times. Returns the ids whose outcome was written.
+pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Result<HashSet<i64>> {
+    let mut tries = 0;
+    loop {
+        let attempt = async {
+            let mut tx = shared.pool.begin().await?;
+            let fenced = outcome::commit(
+                &mut tx,
+                &shared.cfg.node_id,
+                batch,
+                shared.clock.now_param(),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok::<_, Error>(fenced)
+        };
+        match attempt.await {
+            Ok(f) => return Ok(f),
+            Err(e) if tries < 5 && retryable(&e) => {
+                tries += 1;
+                tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
+                tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The committer service: runs until `stop` and its channel is drained.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<CommitRequest>,
+    stop: CancellationToken,
+) {
+    let max = shared.cfg.commit_batch;
+    let mut pending: Vec<CommitRequest> = Vec::with_capacity(max);
+    loop {
+        let first = tokio::select! {
+            biased;
+            r = rx.recv() => r,
+            _ = stop.cancelled() => {
+                // Steps still running report through their own channel clone; when the
+                // engine stops us every sender is gone, so drain what is left.
+                rx.close();
+                rx.recv().await
+            }
+        };
+        let Some(first) = first else { return };
+        pending.push(first);
+        while pending.len() < max {
+            match rx.try_recv() {
+                Ok(r) => pending.push(r),
+                Err(_) => break,
+            }
+        }
+        let batch: Vec<Commit<'_>> = pending
+            .iter()
+            .map(|r| Commit {
+                id: r.id,
+                epoch: r.epoch,
+                output: &r.output,
+            })
+            .collect();
+        let result = commit_batch(&shared, &batch).await;
+        drop(batch);
+        for r in pending.drain(..) {
+            let reply = match &result {
+                Ok(fenced) => Ok(fenced.contains(&r.id)),
+                Err(e) => Err(Error::CommitFailed {
+                    id: r.id,
+                    reason: e.to_string(),
+                }),
+            };
+            let _ = r.reply.send(reply);
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! The engine: per-queue pickers, the executor, group commit, leases and the
+//! background services that keep them honest (spec §7).
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> gen_durable::Result<()> {
+//! use std::time::Duration;
+//! use gen_durable::Engine;
+//! let engine = Engine::builder(pool)
+//!     .queue("default", 10)
+//!     .queue("checkout", 5)
+//!     .start()
+//!     .await?;
+//! let report = engine.shutdown(Duration::from_secs(30)).await; // graceful drain
+//! # Ok(()) }
+//! ```
+//!
+//! Each background service is a unit with a start and a stop: one runner per queue
+//! (picker, buffer, steps), the committer, the heartbeat, the reaper, the await-timeout
+//! sweep and the wake-up listener. They stop through cancellation tokens and one
+//! `TaskTracker`.
+
+mod committer;
+mod config;
+mod heartbeat;
+mod listener;
+mod queue;
+mod reaper;
+mod timeouts;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::QueueConfig;
+pub use queue::QueueDrain;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::fsm::Fsm;
+use crate::registry::Registry;
+use crate::telemetry::{Event, EventHandler, Telemetry};
+use config::EngineConfig;
+
+/// What every service of one engine shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) clock: Clock,
+    pub(crate) registry: Registry,
+    pub(crate) names: Vec<String>,
+    pub(crate) versions: Vec<i32>,
+    pub(crate) telemetry: Telemetry,
+    /// Every row this node holds a lease on (buffered or executing): id → epoch.
+    pub(crate) leases: Mutex<HashMap<i64, i64>>,
+    pub(crate) committer: mpsc::Sender<committer::CommitRequest>,
+    pub(crate) timeouts_wake: Notify,
+}
+
+/// Configures and starts an [`Engine`].
+#[derive(Debug)]
+#[must_use = "call .start() to run the engine"]
+pub struct EngineBuilder {
+    pool: PgPool,
+    queues: Vec<(String, QueueConfig)>,
+    cfg: EngineConfig,
+    clock: Clock,
+    registry: Registry,
+    telemetry: Telemetry,
+}
+
+impl EngineBuilder {
+    /// Runs queue `name` with `concurrency` steps at once and the default queue settings.
+    pub fn queue(self, name: impl Into<String>, concurrency: usize) -> Self {
+        self.queue_with(name, QueueConfig::new(concurrency))
+    }
+
+    /// Runs queue `name` with the given settings.
+    pub fn queue_with(mut self, name: impl Into<String>, cfg: QueueConfig) -> Self {
+        self.queues.push((name.into(), cfg));
+        self
+    }
+
+    /// How long a claim holds a row without a heartbeat (default 30 s).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.cfg.lease_ttl = ttl;
+        self
+    }
+
+    /// How often leases are extended (default `lease_ttl / 3`).
+    pub fn heartbeat_interval(mut self, every: Duration) -> Self {
+        self.cfg.heartbeat_interval = Some(every);
+        self
+    }
+
+    /// How often the reaper looks for expired leases (default 1 s).
+    pub fn reaper_interval(mut self, every: Duration) -> Self {
+        self.cfg.reaper_interval = every;
+        self
+    }
+
+    /// The longest the await-timeout sweep sleeps (default 1 s).
+    pub fn timeout_interval(mut self, every: Duration) -> Self {
+        self.cfg.timeout_interval = every;
+        self
+    }
+
+    /// Turns the reaper on or off on this node (default on).
+    pub fn reaper(mut self, on: bool) -> Self {
+        self.cfg.reaper = on;
+        self
+    }
+
+    /// Turns the await-timeout sweep on or off on this node (default on).
+    pub fn await_timeouts(mut self, on: bool) -> Self {
+        self.cfg.timeouts = on;
+        self
+    }
+
+    /// Most outcomes committed in one group commit (default 512).
+    pub fn commit_batch(mut self, n: usize) -> Self {
+        self.cfg.commit_batch = n;
+        self
+    }
+
+    /// This node's id, recorded as `locked_by` (default: host, pid and a counter).
+    pub fn node_id(mut self, id: impl Into<String>) -> Self {
+        self.cfg.node_id = id.into();
+        self
+    }
+
+    /// Registers FSM `T` explicitly (linked FSMs are known without it).
+    pub fn fsm<T: Fsm>(mut self) -> Self {
+        self.registry.register::<T>();
+        self
+    }
+
+    /// Runs only the FSMs of `registry` instead of every linked one.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Calls `handler` with every telemetry [`Event`].
+    pub fn on_event(mut self, handler: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        let h: EventHandler = Arc::new(handler);
+        self.telemetry.add(h);
+        self
+    }
+
+    /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Validates the configuration and starts every service.
+    pub async fn start(self) -> Result<Engine> {
+        self.cfg.validate()?;
+        if self.queues.is_empty() {
+            return Err(Error::InvalidConfig(
+                "an engine needs at least one queue: .queue(name, concurrency)".into(),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (name, q) in &self.queues {
+            q.validate(name)?;
+            if !seen.insert(name.clone()) {
+                return Err(Error::InvalidConfig(format!(
+                    "queue {name:?} is configured twice"
+                )));
+            }
+        }
+        if self.registry.iter().next().is_none() {
+            return Err(Error::InvalidConfig(
+                "no FSM to run: none is linked (#[durable_fsm] / #[durable_job]) and none was registered with .fsm::<T>()".into(),
+            ));
+        }
+        let (names, versions) = self.registry.name_version_arrays();
+        let (commit_tx, commit_rx) = mpsc::channel(self.cfg.commit_batch * 4);
+        let shared = Arc::new(Shared {
+            pool: self.pool,
+            cfg: self.cfg,
+            clock: self.clock,
+            registry: self.registry,
+            names,
+            versions,
+            telemetry: self.telemetry,
+            leases: Mutex::new(HashMap::new()),
+            committer: commit_tx,
+            timeouts_wake: Notify::new(),
+        });
+
+        let tracker = TaskTracker::new();
+        let stop_picking = CancellationToken::new();
+        let stop_services = CancellationToken::new();
+        let stop_committer = CancellationToken::new();
+        let (deadline_tx, deadline_rx) = watch::channel(None);
+
+        tracker.spawn(committer::run(
+            shared.clone(),
+            commit_rx,
+            stop_committer.clone(),
+        ));
+        tracker.spawn(heartbeat::run(shared.clone(), stop_services.clone()));
+        if shared.cfg.reaper {
+            tracker.spawn(reaper::run(shared.clone(), stop_services.clone()));
+        }
+        if shared.cfg.timeouts {
+            tracker.spawn(timeouts::run(shared.clone(), stop_services.clone()));
+        }
+        let mut wakes = HashMap::new();
+        let mut runners = Vec::new();
+        for (name, cfg) in self.queues {
+            let wake = Arc::new(Notify::new());
+            wakes.insert(name.clone(), wake.clone());
+            let runner = queue::QueueRunner {
+                name,
+                cfg,
+                shared: shared.clone(),
+                wake,
+            };
+            runners.push(tracker.spawn(runner.run(stop_picking.clone(), deadline_rx.clone())));
+        }
+        tracker.spawn(listener::run(shared.clone(), wakes, stop_services.clone()));
+        tracker.close();
+        Ok(Engine {
+            shared,
+            tracker,
+            stop_picking,
+            stop_services,
+            stop_committer,
+            deadline: deadline_tx,
+            runners,
+        })
+    }
+}
+
+/// A running engine. Stop it with [`Engine::shutdown`]; dropping it without a drain
+/// leaves its rows to be reaped when their leases expire, like a crash would.
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    tracker: TaskTracker,
+    stop_picking: CancellationToken,
+    stop_services: CancellationToken,
+    stop_committer: CancellationToken,
+    deadline: watch::Sender<Option<tokio::time::Instant>>,
+    runners: Vec<JoinHandle<QueueDrain>>,
+}
+
+/// What a graceful drain did, per queue.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainReport {
+    /// One entry per queue.
+    pub queues: Vec<QueueDrain>,
+}
+
+impl DrainReport {
+    /// Buffered rows released, over all queues.
+    pub fn released(&self) -> usize {
+        self.queues.iter().map(|q| q.released).sum()
+    }
+    /// Steps running when the drain began, over all queues.
+    pub fn in_flight(&self) -> usize {
+        self.queues.iter().map(|q| q.in_flight).sum()
+    }
+    /// Steps cancelled at the deadline, over all queues.
+    pub fn cancelled(&self) -> usize {
+        self.queues.iter().map(|q| q.cancelled).sum()
+    }
+}
+
+impl Engine {
+    /// Starts configuring an engine on `pool`. Every FSM linked into the binary is known.
+    pub fn builder(pool: PgPool) -> EngineBuilder {
+        EngineBuilder {
+            pool,
+            queues: Vec::new(),
+            cfg: EngineConfig {
+                node_id: config::default_node_id(),
+                lease_ttl: Duration::from_secs(30),
+                heartbeat_interval: None,
+                reaper_interval: Duration::from_secs(1),
+                timeout_interval: Duration::from_secs(1),
+                reaper: true,
+                timeouts: true,
+                commit_batch: 512,
+            },
+            clock: Clock::database(),
+            registry: Registry::linked(),
+            telemetry: Telemetry::default(),
+        }
+    }
+
+    /// This node's id (`locked_by` of the rows it holds).
+    pub fn node_id(&self) -> &str {
+        &self.shared.cfg.node_id
+    }
+
+    /// Graceful drain (spec §7.5): stop picking; release every buffered row at once; let
+    /// running steps finish until `timeout`; then cancel them and release their rows
+    /// without counting an attempt. Emits `scheduler.drain` per queue.
+    pub async fn shutdown(mut self, timeout: Duration) -> DrainReport {
+        let _ = self
+            .deadline
+            .send(Some(tokio::time::Instant::now() + timeout));
+        self.stop_picking.cancel();
+        let mut report = DrainReport::default();
+        for r in std::mem::take(&mut self.runners) {
+            if let Ok(q) = r.await {
+                report.queues.push(q);
+            }
+        }
+        self.stop_services.cancel();
+        self.stop_committer.cancel();
+        self.tracker.wait().await;
+        report
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Dropped without shutdown: stop everything now, as a crash would, but without
+        // leaving tasks running in the background.
+        self.stop_picking.cancel();
+        self.stop_services.cancel();
+        self.stop_committer.cancel();
+        for r in &self.runners {
+            r.abort();
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! One queue on one node: the picker, its local buffer, and the steps it runs
+//! (spec §7.2). The runner owns its buffer and in-flight set; nothing is shared but
+//! the lease table the heartbeat reads.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::engine::committer::CommitRequest;
+use crate::engine::{QueueConfig, Shared};
+use crate::error::{Error, Result};
+use crate::runtime::{Outcome, StepInput, StepOutput};
+use crate::store::pg::outcome::{self, Commit};
+use crate::store::pg::{claim, lease, UNIQUE_VIOLATION};
+use crate::telemetry::Event;
+
+/// How a queue drained.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueDrain {
+    /// The queue.
+    pub queue: String,
+    /// Buffered rows released to `runnable` at once.
+    pub released: usize,
+    /// Steps running when the drain began.
+    pub in_flight: usize,
+    /// Of those, steps still running at the deadline, cancelled and released.
+    pub cancelled: usize,
+}
+
+pub(crate) struct QueueRunner {
+    pub(crate) name: String,
+    pub(crate) cfg: QueueConfig,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) wake: Arc<Notify>,
+}
+
+struct Running {
+    id: i64,
+    epoch: i64,
+    cancel: CancellationToken,
+}
+
+impl QueueRunner {
+    pub(crate) async fn run(
+        self,
+        stop_picking: CancellationToken,
+        deadline: watch::Receiver<Option<Instant>>,
+    ) -> QueueDrain {
+        let mut buffer: VecDeque<claim::Claimed> = VecDeque::new();
+        let mut tasks: JoinSet<Option<Duration>> = JoinSet::new();
+        let mut running: HashMap<tokio::task::Id, Running> = HashMap::new();
+        let mut poll = self.cfg.poll_interval;
+        let mut pick_now = true;
+        let mut maybe_more = true;
+        let mut wake_at: Option<Instant> = None;
+
+        loop {
+            if pick_now && !stop_picking.is_cancelled() {
+                let got = self.pick(&mut buffer, tasks.len()).await;
+                poll = match got {
+                    Some(0) => (poll * 2).min(self.cfg.max_poll_interval),
+                    _ => self.cfg.poll_interval,
+                };
+                maybe_more = matches!(got, Some(n) if n > 0);
+            }
+            self.dispatch(&mut buffer, &mut tasks, &mut running);
+            self.shared.telemetry.emit(Event::SchedulerSaturation {
+                in_flight: tasks.len(),
+                buffer: buffer.len(),
+                concurrency: self.cfg.concurrency,
+                prefetch: self.cfg.prefetch,
+                queue: self.name.clone(),
+            });
+            let next_poll = Instant::now() + poll;
+            let sleep_until = wake_at.map_or(next_poll, |w| w.min(next_poll));
+            tokio::select! {
+                _ = stop_picking.cancelled() => break,
+                _ = self.wake.notified() => pick_now = true,
+                Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    let task_id = match done {
+                        Ok((tid, replay)) => {
+                            if let Some(d) = replay {
+                                let at = Instant::now() + d;
+                                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                            }
+                            tid
+                        }
+                        Err(e) => e.id(),
+                    };
+                    running.remove(&task_id);
+                    pick_now = maybe_more || !buffer.is_empty();
+                }
+                _ = tokio::time::sleep_until(sleep_until) => {
+                    if wake_at.is_some_and(|w| w <= Instant::now()) {
+                        wake_at = None;
+                    }
+                    pick_now = true;
+                }
+            }
+        }
+        self.drain(buffer, tasks, running, deadline).await
+    }
+
+    /// Claims up to the free demand; returns how many rows came back (None on error).
+    async fn pick(&self, buffer: &mut VecDeque<claim::Claimed>, in_flight: usize) -> Option<usize> {
+        let mut total = 0;
+        loop {
+            let demand =
+                (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(in_flight + buffer.len());
+            if demand < self.cfg.min_demand {
+                return Some(total);
+            }
+            let rows = match self.claim(demand).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(target: "gen_durable::pick", queue = %self.name, error = %e, "pick failed");
+                    return None;
+                }
+            };
+            let count = rows.len();
+            self.shared.telemetry.emit(Event::PickStop {
+                count,
+                demand,
+                queue: self.name.clone(),
+                worker: self.shared.cfg.node_id.clone(),
+            });
+            if let Some(first) = rows.first() {
+                let skipped = (first.picked as usize).saturating_sub(count);
+                if skipped > 0 {
+                    self.shared.telemetry.emit(Event::PartitionContended {
+                        count: skipped,
+                        id: 0,
+                        fsm: String::new(),
+                        partition_key: String::new(),
+                    });
+                }
+            }
+            {
+                let mut leases = self.shared.leases.lock().expect("lease table");
+                for r in &rows {
+                    leases.insert(r.id, r.lease_epoch);
+                }
+            }
+            total += count;
+            buffer.extend(rows);
+            if count < demand {
+                return Some(total);
+            }
+        }
+    }
+
+    /// One claim, retried when two nodes race on a partition key (the loser's whole
+    /// statement fails on the partition index and claims nothing).
+    async fn claim(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+        let mut contended = 0;
+        loop {
+            let params = claim::ClaimParams {
+                queue: &self.name,
+                names: &self.shared.names,
+                versions: &self.shared.versions,
+                demand: demand as i64,
+                node: &self.shared.cfg.node_id,
+                lease_ttl_ms: crate::store::pg::millis(self.shared.cfg.lease_ttl),
+                now: self.shared.clock.now_param(),
+            };
+            match claim::claim(&self.shared.pool, &params).await {
+                Err(Error::Database(sqlx::Error::Database(db)))
+                    if db.code().as_deref() == Some(UNIQUE_VIOLATION) && contended < 5 =>
+                {
+                    contended += 1;
+                    self.shared.telemetry.emit(Event::PartitionContended {
+                        count: 1,
+                        id: 0,
+                        fsm: String::new(),
+                        partition_key: db.constraint().unwrap_or_default().to_string(),
+                    });
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn dispatch(
+        &self,
+        buffer: &mut VecDeque<claim::Claimed>,
+        tasks: &mut JoinSet<Option<Duration>>,
+        running: &mut HashMap<tokio::task::Id, Running>,
+    ) {
+        while tasks.len() < self.cfg.concurrency {
+            let Some(row) = buffer.pop_front() else { break };
+            let cancel = CancellationToken::new();
+            let (id, epoch) = (row.id, row.lease_epoch);
+            let handle = tasks.spawn(run_step(self.shared.clone(), row, cancel.clone()));
+            running.insert(handle.id(), Running { id, epoch, cancel });
+        }
+    }
+
+    async fn drain(
+        self,
+        buffer: VecDeque<claim::Claimed>,
+        mut tasks: JoinSet<Option<Duration>>,
+        mut running: HashMap<tokio::task::Id, Running>,
+        mut deadline: watch::Receiver<Option<Instant>>,
+    ) -> QueueDrain {
+        let buffered: Vec<(i64, i64)> = buffer.iter().map(|r| (r.id, r.lease_epoch)).collect();
+        let released = self.release(&buffered).await;
+        let in_flight = tasks.len();
+        let until = loop {
+            if let Some(t) = *deadline.borrow() {
+                break t;
+            }
+            if deadline.changed().await.is_err() {
+                break Instant::now();
+            }
+        };
+        let mut cancelled = 0;
+        loop {
+            tokio::select! {
+                done = tasks.join_next_with_id() => match done {
+                    None => break,
+                    Some(Ok((tid, _))) => { running.remove(&tid); }
+                    Some(Err(e)) => { running.remove(&e.id()); }
+                },
+                _ = tokio::time::sleep_until(until) => {
+                    // Past the deadline: ask steps to stop, then take them away and give
+                    // their rows back without counting an attempt.
+                    for r in running.values() {
+                        r.cancel.cancel();
+                    }
+                    tasks.abort_all();
+                    while tasks.join_next().await.is_some() {}
+                    let left: Vec<(i64, i64)> = running.values().map(|r| (r.id, r.epoch)).collect();
+                    cancelled = self.release(&left).await;
+                    break;
+                }
+            }
+        }
+        let report = QueueDrain {
+            queue: self.name.clone(),
+            released,
+            in_flight,
+            cancelled,
+        };
+        self.shared.telemetry.emit(Event::SchedulerDrain {
+            released,
+            in_flight,
+            queue: self.name.clone(),
+        });
+        report
+    }
+
+    async fn release(&self, leases: &[(i64, i64)]) -> usize {
+        if leases.is_empty() {
+            return 0;
+        }
+        {
+            let mut table = self.shared.leases.lock().expect("lease table");
+            for (id, _) in leases {
+                table.remove(id);
+            }
+        }
+        match lease::release(
+            &self.shared.pool,
+            leases,
+            &self.shared.cfg.node_id,
+            self.shared.clock.now_param(),
+        )
+        .await
+        {
+            Ok(ids) => ids.len(),
+            Err(e) => {
+                tracing::warn!(target: "gen_durable::scheduler", error = %e, "release failed; rows return when their leases expire");
+                0
+            }
+        }
+    }
+}
+
+/// Runs one claimed row's step and commits its outcome. Returns the delay of a committed
+/// `replay`, so the runner can pick it up on time rather than at the next poll.
+async fn run_step(
+    shared: Arc<Shared>,
+    row: claim::Claimed,
+    cancel: CancellationToken,
+) -> Option<Duration> {
+    let span = tracing::info_span!("gen_durable.step", id = row.id, fsm = %row.fsm, step = %row.step, attempt = row.attempt);
+    async move {
+        let (id, epoch) = (row.id, row.lease_epoch);
+        let step = row.step.clone();
+        let Some(entry) = shared.registry.get(&row.fsm, row.fsm_version).copied() else {
+            // Claims only ask for registered pairs; if this happens, leave it to the reaper.
+            tracing::error!(target: "gen_durable::step", id, fsm = %row.fsm, "claimed a row of an unregistered FSM");
+            return None;
+        };
+        let input = StepInput {
+            id,
+            step: row.step,
+            state: row.state,
+            attempt: row.attempt,
+            awaits: row.awaits,
+            inbox: row.inbox.0,
+            childs: row.childs.0,
+            now: row.now,
+            cancel,
+            pool: Some(shared.pool.clone()),
+        };
+        let output = entry.run(input).await;
+        let kind = output.outcome.kind();
+        let parks_with_timeout = matches!(output.outcome, Outcome::Await { timeout: Some(_), .. });
+        let replay_after = match output.outcome {
+            Outcome::Replay { delay } => Some(delay),
+            _ => None,
+        };
+        let duration = output.duration;
+        let committed = commit(&shared, id, epoch, output).await;
+        shared.leases.lock().expect("lease table").remove(&id);
+        match committed {
+            Ok(true) => {
+                if parks_with_timeout {
+                    shared.timeouts_wake.notify_one();
+                }
+                shared.telemetry.emit(Event::StepStop {
+                    duration,
+                    id,
+                    fsm: entry.name,
+                    step,
+                    kind,
+                });
+                return replay_after;
+            }
+            Ok(false) => shared.telemetry.emit(Event::LeaseLost {
+                id,
+                fsm: entry.name,
+                step,
+                kind,
+            }),
+            Err(e) => tracing::error!(target: "gen_durable::step", id, error = %e,
+                "outcome not committed; the step will run again once its lease expires"),
+        }
+        None
+    }
+    .instrument(span)
+    .await
+}
+
+/// Commits through the group committer, or in the step's own transaction when it used
+/// `ctx.transaction()` (its writes and the outcome commit together or not at all).
+async fn commit(shared: &Shared, id: i64, epoch: i64, mut output: StepOutput) -> Result<bool> {
+    if let Some(mut tx) = output.tx.take() {
+        let batch = [Commit {
+            id,
+            epoch,
+            output: &output,
+        }];
+        // One try: an error aborts the step's own transaction, and with it the writes
+        // the outcome was to commit with. The row runs again after its lease expires.
+        let fenced = outcome::commit(
+            &mut tx,
+            &shared.cfg.node_id,
+            &batch,
+            shared.clock.now_param(),
+        )
+        .await?;
+        if fenced.contains(&id) {
+            tx.commit().await?;
+            return Ok(true);
+        }
+        tx.rollback().await.ok();
+        return Ok(false);
+    }
+    let (reply, rx) = oneshot::channel();
+    let req = CommitRequest {
+        id,
+        epoch,
+        output,
+        reply,
+    };
+    if shared.committer.send(req).await.is_err() {
+        return Err(Error::CommitFailed {
+            id,
+            reason: "the engine's committer has stopped".into(),
+        });
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::CommitFailed {
+            id,
+            reason: "the committer dropped the request".into(),
+        })
+    })
+}

@@ -1,0 +1,37 @@
+//! The await-timeout service: parked rows past their deadline become runnable with
+//! nothing awaited (spec §5). It sleeps until the earliest deadline it knows of, at
+//! most `timeout_interval`, and is woken early when this node parks a row with a timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Shared;
+use crate::store::pg::lease;
+
+const BATCH: i64 = 1000;
+
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let mut wait = shared.cfg.timeout_interval;
+        match lease::expire_awaits(&shared.pool, BATCH, shared.clock.now_param()).await {
+            Ok(n) if n == BATCH => wait = Duration::ZERO,
+            Ok(_) => {
+                if let Ok(Some(next)) = lease::next_deadline(&shared.pool).await {
+                    let now = shared.clock.now_param().unwrap_or_else(chrono::Utc::now);
+                    let until = (next - now).to_std().unwrap_or(Duration::ZERO);
+                    wait = wait.min(until + Duration::from_millis(1));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(target: "gen_durable::timeouts", error = %e, "await sweep failed")
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = shared.timeouts_wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}

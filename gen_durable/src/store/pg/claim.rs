@@ -1,0 +1,117 @@
+//! Claiming runnable rows: the pick (spec §7.2).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgExecutor;
+
+use crate::ctx::{ChildInfo, Signal};
+use crate::error::Result;
+
+/// Claims up to `$4` runnable rows of queue `$1` in one statement, and returns each with
+/// its inbox and children, so a pick is one round trip whatever its size.
+///
+/// - `picked` is MATERIALIZED: the fence that makes `LIMIT` bound the rows locked. It
+///   reads the pick index `(queue, priority, eligible_at, id) WHERE status = 'runnable'`
+///   in order with `queue = $1` equality and stops after `$4` entries, so a pick is
+///   O(batch), not O(backlog). `FOR NO KEY UPDATE` (not `FOR UPDATE`) so that signal
+///   inserts, which take `KEY SHARE` on their target through the foreign key, don't wait.
+/// - Only `(fsm, fsm_version)` pairs this node has registered are claimed (`$2`, `$3`);
+///   other rows stay runnable for a node that can run them.
+/// - Partitions (§7.4): a row whose key already has an executing row is skipped (a
+///   probe of the partial unique index), and only the first row per key in this batch
+///   is claimed (`chosen`). Two nodes racing on one key make one claim fail on that
+///   unique index; the caller retries it.
+/// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
+const CLAIM: &str = r#"
+WITH picked AS MATERIALIZED (
+    SELECT i.id, i.partition_key, i.priority, i.eligible_at
+      FROM gd_instances i
+     WHERE i.queue = $1
+       AND i.status = 'runnable'
+       AND i.eligible_at <= coalesce($7, now())
+       AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
+       AND (i.partition_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM gd_instances e
+              WHERE e.partition_key = i.partition_key AND e.status = 'executing'))
+     ORDER BY i.priority, i.eligible_at, i.id
+     LIMIT $4
+       FOR NO KEY UPDATE SKIP LOCKED
+), chosen AS (
+    SELECT id FROM (
+        SELECT id, partition_key,
+               row_number() OVER (PARTITION BY partition_key
+                                  ORDER BY priority, eligible_at, id) AS rn
+          FROM picked) r
+     WHERE partition_key IS NULL OR rn = 1
+), claimed AS (
+    UPDATE gd_instances i
+       SET status = 'executing', locked_by = $5, lease_epoch = i.lease_epoch + 1,
+           lease_expires_at = coalesce($7, now()) + $6 * interval '1 millisecond',
+           updated_at = coalesce($7, now())
+      FROM chosen c
+     WHERE i.id = c.id
+    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
+              i.partition_key
+)
+SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
+       c.partition_key,
+       (SELECT coalesce(json_agg(json_build_object(
+                   'id', s.id, 'name', s.name, 'payload', s.payload,
+                   'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
+          FROM gd_signals s WHERE s.target_id = c.id) AS inbox,
+       (SELECT coalesce(json_agg(json_build_object(
+                   'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
+                   'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
+          FROM gd_instances ch WHERE ch.parent_id = c.id) AS childs,
+       (SELECT count(*) FROM picked) AS picked,
+       coalesce($7, now()) AS now
+  FROM claimed c
+ ORDER BY c.id
+"#;
+
+/// One claimed row with its inbox and children.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct Claimed {
+    pub(crate) id: i64,
+    pub(crate) fsm: String,
+    pub(crate) fsm_version: i32,
+    pub(crate) step: String,
+    pub(crate) state: Value,
+    pub(crate) attempt: i32,
+    pub(crate) awaits: Vec<String>,
+    pub(crate) lease_epoch: i64,
+    pub(crate) partition_key: Option<String>,
+    pub(crate) inbox: Json<Vec<Signal>>,
+    pub(crate) childs: Json<Vec<ChildInfo>>,
+    pub(crate) picked: i64,
+    pub(crate) now: DateTime<Utc>,
+}
+
+/// What the claim needs to know.
+#[derive(Debug)]
+pub(crate) struct ClaimParams<'a> {
+    pub(crate) queue: &'a str,
+    pub(crate) names: &'a [String],
+    pub(crate) versions: &'a [i32],
+    pub(crate) demand: i64,
+    pub(crate) node: &'a str,
+    pub(crate) lease_ttl_ms: i64,
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+pub(crate) async fn claim<'e>(
+    db: impl PgExecutor<'e>,
+    p: &ClaimParams<'_>,
+) -> Result<Vec<Claimed>> {
+    Ok(sqlx::query_as(CLAIM)
+        .bind(p.queue)
+        .bind(p.names)
+        .bind(p.versions)
+        .bind(p.demand)
+        .bind(p.node)
+        .bind(p.lease_ttl_ms)
+        .bind(p.now)
+        .fetch_all(db)
+        .await?)
+}

@@ -1,0 +1,215 @@
+//! Committing step outcomes, many at once (group commit), fenced per row (spec §3.1, §7.3).
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::error::Result;
+use crate::runtime::{NewInstance, Outcome, StepOutput};
+use crate::store::pg::insert::insert_with_parents;
+use crate::store::pg::millis;
+
+/// Statement 1 of a commit: lock the rows this worker still owns, in id order (so two
+/// committers never wait on each other in a cycle), and return them. A row whose
+/// `(locked_by, lease_epoch)` moved on — reaped, released, or claimed by another worker —
+/// is not returned, and nothing of its outcome is written: that is the fence.
+///
+/// It must be its own statement: under READ COMMITTED the next statement takes a fresh
+/// snapshot *after* these locks are held, so an `await` sees every signal committed by
+/// a delivery that held the row before us (deliveries lock the row first too).
+const FENCE: &str = r#"
+SELECT i.id
+  FROM gd_instances i
+  JOIN unnest($1::int8[], $2::int8[]) AS f(id, epoch) ON i.id = f.id
+ WHERE i.locked_by = $3 AND i.lease_epoch = f.epoch AND i.status = 'executing'
+ ORDER BY i.id
+   FOR NO KEY UPDATE OF i
+"#;
+
+/// Statement 2: apply every fenced outcome from parallel arrays, exactly as the table of
+/// §3.1 says; delete consumed signals by id and the whole inbox of finished rows;
+/// decrement each finished child's parent once per child and wake a parent whose count
+/// reaches zero; one NOTIFY per queue that got runnable work.
+const APPLY: &str = r#"
+WITH o AS (
+    SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
+                         $6::text[], $7::int8[], $8::text[], $9::int4[])
+           AS o(id, kind, step, state, result, error, delay_ms, awaits, children)
+), upd AS (
+    UPDATE gd_instances i
+       SET step = coalesce(o.step, i.step),
+           state = o.state,
+           status = (CASE
+               WHEN o.kind IN ('next', 'replay') THEN 'runnable'
+               WHEN o.kind = 'await' THEN
+                   CASE WHEN EXISTS (SELECT 1 FROM gd_signals s
+                                      WHERE s.target_id = i.id
+                                        AND s.name = ANY (string_to_array(o.awaits, chr(31))))
+                        THEN 'runnable' ELSE 'awaiting_signal' END
+               WHEN o.kind = 'schedule_childs' THEN
+                   CASE WHEN o.children = 0 THEN 'runnable' ELSE 'awaiting_children' END
+               WHEN o.kind = 'done' THEN 'done'
+               ELSE 'failed' END)::gd_status,
+           result = CASE WHEN o.kind = 'done' THEN o.result ELSE i.result END,
+           last_error = CASE WHEN o.error IS NOT NULL THEN o.error
+                             WHEN o.kind = 'replay' THEN i.last_error END,
+           awaits = CASE o.kind WHEN 'await' THEN string_to_array(o.awaits, chr(31))
+                                WHEN 'replay' THEN i.awaits
+                                ELSE '{}' END,
+           await_deadline = CASE WHEN o.kind = 'await' AND o.delay_ms IS NOT NULL
+                                 THEN coalesce($11, now()) + o.delay_ms * interval '1 millisecond'
+                                 WHEN o.kind = 'replay' THEN i.await_deadline END,
+           eligible_at = coalesce($11, now())
+                         + CASE WHEN o.kind = 'replay' THEN o.delay_ms * interval '1 millisecond'
+                                ELSE interval '0' END,
+           attempt = CASE WHEN o.kind = 'replay' THEN i.attempt + 1
+                          WHEN o.kind IN ('done', 'stop') THEN i.attempt
+                          ELSE 0 END,
+           reaps = CASE WHEN o.kind IN ('next', 'await', 'schedule_childs') THEN 0 ELSE i.reaps END,
+           children_pending = CASE WHEN o.kind = 'schedule_childs' THEN o.children
+                                   ELSE i.children_pending END,
+           locked_by = NULL,
+           lease_expires_at = NULL,
+           updated_at = coalesce($11, now())
+      FROM o
+     WHERE i.id = o.id
+    RETURNING i.id, i.status, i.parent_id, i.queue
+), consumed AS (
+    DELETE FROM gd_signals s WHERE s.id = ANY ($10::int8[]) RETURNING 1
+), inbox AS (
+    DELETE FROM gd_signals s USING upd u
+     WHERE s.target_id = u.id AND u.status IN ('done', 'failed') RETURNING 1
+), fanin AS (
+    UPDATE gd_instances p
+       SET children_pending = p.children_pending - d.n,
+           status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
+                         THEN 'runnable' ELSE p.status END,
+           eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
+                              THEN coalesce($11, now()) ELSE p.eligible_at END,
+           updated_at = coalesce($11, now())
+      FROM (SELECT parent_id, count(*)::int AS n FROM upd
+             WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL
+             GROUP BY parent_id) d
+     WHERE p.id = d.parent_id
+    RETURNING p.queue, p.status
+)
+SELECT (SELECT count(pg_notify('gd_wake', q))
+          FROM (SELECT queue AS q FROM upd WHERE status = 'runnable'
+                UNION SELECT queue FROM fanin WHERE status = 'runnable') w) AS notified,
+       (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted
+"#;
+
+/// One outcome to commit: the row and lease it belongs to, and what the step produced.
+#[derive(Debug)]
+pub(crate) struct Commit<'a> {
+    pub(crate) id: i64,
+    pub(crate) epoch: i64,
+    pub(crate) output: &'a StepOutput,
+}
+
+/// Commits `batch` inside the caller's transaction (`conn` must be in one); returns the
+/// ids whose outcome was written. The others lost their lease and changed nothing.
+/// Always a constant number of statements: two, plus one insert when children are spawned.
+pub(crate) async fn commit(
+    conn: &mut PgConnection,
+    node: &str,
+    batch: &[Commit<'_>],
+    now: Option<DateTime<Utc>>,
+) -> Result<HashSet<i64>> {
+    let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+    let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
+    let fenced: HashSet<i64> = sqlx::query_scalar(FENCE)
+        .bind(&ids)
+        .bind(&epochs)
+        .bind(node)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .collect();
+    let live: Vec<&Commit<'_>> = batch.iter().filter(|c| fenced.contains(&c.id)).collect();
+    if live.is_empty() {
+        return Ok(fenced);
+    }
+
+    // Children first, so each parent's counter is what was actually inserted.
+    let mut rows: Vec<NewInstance> = Vec::new();
+    let mut parents: Vec<Option<i64>> = Vec::new();
+    for c in &live {
+        if let Outcome::ScheduleChilds { children, .. } = &c.output.outcome {
+            rows.extend(children.iter().cloned());
+            parents.extend(std::iter::repeat_n(Some(c.id), children.len()));
+        }
+    }
+    let mut spawned: HashMap<i64, i32> = HashMap::new();
+    if !rows.is_empty() {
+        let (_, inserted_parents) = insert_with_parents(&mut *conn, &rows, &parents, now).await?;
+        for p in inserted_parents.into_iter().flatten() {
+            *spawned.entry(p).or_default() += 1;
+        }
+    }
+
+    let n = live.len();
+    let mut a_id = Vec::with_capacity(n);
+    let mut a_kind = Vec::with_capacity(n);
+    let mut a_step: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut a_state = Vec::with_capacity(n);
+    let mut a_result: Vec<Option<&Value>> = Vec::with_capacity(n);
+    let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
+    let mut a_delay: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut a_awaits: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut a_children: Vec<i32> = Vec::with_capacity(n);
+    let mut consumed: Vec<i64> = Vec::new();
+    for c in &live {
+        let out = c.output;
+        a_id.push(c.id);
+        a_kind.push(out.outcome.kind());
+        a_state.push(&out.state);
+        a_error.push(out.error.as_deref());
+        a_children.push(spawned.get(&c.id).copied().unwrap_or(0));
+        let (step, result, delay, awaits) = match &out.outcome {
+            Outcome::Next { step } => (Some(*step), None, None, None),
+            Outcome::Replay { delay } => (None, None, Some(millis(*delay)), None),
+            Outcome::Await {
+                names,
+                step,
+                timeout,
+            } => (
+                Some(*step),
+                None,
+                timeout.map(millis),
+                // Unit separator: cannot appear in a signal name worth awaiting.
+                Some(names.join("\u{1f}")),
+            ),
+            Outcome::ScheduleChilds { step, .. } => (Some(*step), None, None, None),
+            Outcome::Done { result } => (None, Some(result), None, None),
+            Outcome::Stop { .. } => (None, None, None, None),
+        };
+        a_step.push(step);
+        a_result.push(result);
+        a_delay.push(delay);
+        a_awaits.push(awaits);
+        if matches!(
+            out.outcome,
+            Outcome::Next { .. } | Outcome::ScheduleChilds { .. }
+        ) {
+            consumed.extend_from_slice(&out.consumed);
+        }
+    }
+    sqlx::query(APPLY)
+        .bind(a_id)
+        .bind(a_kind)
+        .bind(a_step)
+        .bind(a_state)
+        .bind(a_result)
+        .bind(a_error)
+        .bind(a_delay)
+        .bind(a_awaits)
+        .bind(a_children)
+        .bind(consumed)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(fenced)
+}

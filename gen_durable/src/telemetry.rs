@@ -1,0 +1,173 @@
+//! Telemetry (spec §8): each event is a `tracing` event with target
+//! `gen_durable::<group>`, and a typed [`Event`] delivered to the handlers registered
+//! with `EngineBuilder::on_event`.
+//!
+//! | event | fields |
+//! |---|---|
+//! | `step.stop` | `duration`; `id, fsm, step, kind` (the committed outcome, also when `handle` produced it) |
+//! | `pick.stop` | `count, demand`; `queue, worker` |
+//! | `scheduler.saturation` | `in_flight, buffer, concurrency, prefetch`; `queue` |
+//! | `scheduler.drain` | `released, in_flight`; `queue` |
+//! | `partition.contended` | `count`; `id, fsm, partition_key` |
+//! | `reaper.reaped` | `count`; `ids` |
+//! | `lease.lost` (beyond §8) | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A telemetry event.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A step's outcome was committed.
+    StepStop {
+        /// Handler run time (including `handle`), not commit time.
+        duration: Duration,
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The step that ran.
+        step: String,
+        /// `next · replay · await · schedule_childs · done · stop`.
+        kind: &'static str,
+    },
+    /// A pick ran.
+    PickStop {
+        /// Rows claimed.
+        count: usize,
+        /// Rows asked for.
+        demand: usize,
+        /// Queue.
+        queue: String,
+        /// This node's id.
+        worker: String,
+    },
+    /// Per-poll gauge of a queue.
+    SchedulerSaturation {
+        /// Steps running.
+        in_flight: usize,
+        /// Claimed rows waiting for a slot.
+        buffer: usize,
+        /// Configured concurrency.
+        concurrency: usize,
+        /// Configured prefetch.
+        prefetch: usize,
+        /// Queue.
+        queue: String,
+    },
+    /// A queue drained on shutdown.
+    SchedulerDrain {
+        /// Buffered rows released at once.
+        released: usize,
+        /// Steps running when the drain began.
+        in_flight: usize,
+        /// Queue.
+        queue: String,
+    },
+    /// Rows were skipped or handed back because their partition was busy.
+    PartitionContended {
+        /// How many.
+        count: usize,
+        /// One of them (0 when unknown).
+        id: i64,
+        /// Its FSM ("" when unknown).
+        fsm: String,
+        /// Its partition key ("" when unknown).
+        partition_key: String,
+    },
+    /// The reaper took back expired leases.
+    ReaperReaped {
+        /// How many.
+        count: usize,
+        /// Which.
+        ids: Vec<i64>,
+    },
+    /// A step finished but its lease had been lost: its outcome changed nothing.
+    LeaseLost {
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The step that ran.
+        step: String,
+        /// The outcome that was not committed.
+        kind: &'static str,
+    },
+}
+
+/// A registered event handler.
+pub type EventHandler = Arc<dyn Fn(&Event) + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub(crate) struct Telemetry {
+    handlers: Vec<EventHandler>,
+}
+
+impl fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("handlers", &self.handlers.len())
+            .finish()
+    }
+}
+
+impl Telemetry {
+    pub(crate) fn add(&mut self, h: EventHandler) {
+        self.handlers.push(h);
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
+        match &event {
+            Event::StepStop {
+                duration,
+                id,
+                fsm,
+                step,
+                kind,
+            } => tracing::debug!(
+                target: "gen_durable::step", duration_us = duration.as_micros() as u64, id, fsm, step, kind, "step.stop"),
+            Event::PickStop {
+                count,
+                demand,
+                queue,
+                worker,
+            } => tracing::trace!(
+                target: "gen_durable::pick", count, demand, queue, worker, "pick.stop"),
+            Event::SchedulerSaturation {
+                in_flight,
+                buffer,
+                concurrency,
+                prefetch,
+                queue,
+            } => tracing::trace!(
+                target: "gen_durable::scheduler", in_flight, buffer, concurrency, prefetch, queue, "scheduler.saturation"),
+            Event::SchedulerDrain {
+                released,
+                in_flight,
+                queue,
+            } => tracing::info!(
+                target: "gen_durable::scheduler", released, in_flight, queue, "scheduler.drain"),
+            Event::PartitionContended {
+                count,
+                id,
+                fsm,
+                partition_key,
+            } => tracing::debug!(
+                target: "gen_durable::partition", count, id, fsm, partition_key, "partition.contended"),
+            Event::ReaperReaped { count, ids } => tracing::warn!(
+                target: "gen_durable::reaper", count, ids = ?ids, "reaper.reaped"),
+            Event::LeaseLost {
+                id,
+                fsm,
+                step,
+                kind,
+            } => tracing::warn!(
+                target: "gen_durable::lease", id, fsm, step, kind, "lease.lost: outcome not committed"),
+        }
+        for h in &self.handlers {
+            h(&event);
+        }
+    }
+}

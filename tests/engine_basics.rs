@@ -1,0 +1,307 @@
+//! The engine runs steps and commits each outcome as spec §3.1 says.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{column, eventually, finished, status, Count, Events};
+use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step, StepError};
+use gen_durable_testkit::TestDb;
+use serde_json::json;
+
+test_fsm!(Counter, state = Count, queue = "counting", version = 1, {
+    A => "a" |ctx| { ctx.state.n += 1; ctx.state.log.push("a".into()); Ok(Step::next(Counter::B)) },
+    B => "b" |ctx| { ctx.state.n += 10; ctx.state.log.push("b".into()); Ok(Step::next(Counter::C)) },
+    C => "c" |ctx| { ctx.state.n += 100; ctx.state.log.push("c".into()); Ok(Step::done(json!({ "total": ctx.state.n }))) },
+});
+
+test_fsm!(Other, state = Count, queue = "other", version = 1, {
+    Only => "only" |ctx| { ctx.state.log.push(format!("other-{}", ctx.id())); Ok(Step::done(json!(null))) },
+});
+
+test_fsm!(Replayer, state = Count, queue = "counting", version = 1, {
+    Go => "go" |ctx| {
+        ctx.state.log.push(format!("attempt {}", ctx.attempt()));
+        if ctx.attempt() < 2 { Ok(Step::replay(Duration::from_millis(50))) } else { Ok(Step::next(Replayer::Fin)) }
+    },
+    Fin => "fin" |ctx| { Ok(Step::done(json!({ "attempt_at_fin": ctx.attempt() }))) },
+});
+
+test_fsm!(Failing, state = Count, queue = "counting", version = 1, {
+    Err => "err" |_ctx| { Err(StepError::new("boom")) },
+    Panic => "panic" |_ctx| { panic!("kaboom") },
+    HandleFails => "handle_fails" |_ctx| { Err(StepError::new("first")) },
+}, handle |err, ctx| {
+    if ctx.step() == "handle_fails" { return Err(StepError::new("handle broke")); }
+    Ok(Step::done(json!({ "handled": err.to_string(), "panic": err.is_panic() })))
+});
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register::<Counter>();
+    r.register::<Other>();
+    r.register::<Replayer>();
+    r.register::<Failing>();
+    r
+}
+
+fn fast(q: usize) -> QueueConfig {
+    QueueConfig::new(q).poll_interval(Duration::from_millis(50))
+}
+
+async fn engine(db: &TestDb, events: &Events) -> Engine {
+    Engine::builder(db.pool().clone())
+        .registry(registry())
+        .queue_with("counting", fast(4))
+        .queue_with("other", fast(2))
+        .on_event(events.handler())
+        .start()
+        .await
+        .expect("engine starts")
+}
+
+#[tokio::test]
+async fn a_three_step_counter_reaches_done() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let id = gd.insert::<Counter>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "state->>'n'").await.as_deref(),
+        Some("111")
+    );
+    assert_eq!(
+        column(db.pool(), id, "state->'log'").await.as_deref(),
+        Some(r#"["a", "b", "c"]"#)
+    );
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"total": 111}"#)
+    );
+    assert_eq!(column(db.pool(), id, "locked_by").await, None);
+    let kinds: Vec<&str> = events
+        .all()
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepStop { id: i, kind, .. } if *i == id => Some(*kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kinds, ["next", "next", "done"]);
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn two_queues_are_served_by_their_own_pickers() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let a = gd.insert::<Counter>(Count::default()).await.unwrap();
+    let b = gd.insert::<Other>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), a, 10).await, "done");
+    assert_eq!(finished(db.pool(), b, 10).await, "done");
+    let queues: std::collections::HashSet<String> = events
+        .all()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PickStop { queue, count, .. } if count > 0 => Some(queue),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        queues.contains("counting") && queues.contains("other"),
+        "{queues:?}"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn priority_zero_runs_before_priority_five() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let low = gd
+        .insert::<Other>(Count::default())
+        .priority(5)
+        .await
+        .unwrap();
+    let high = gd
+        .insert::<Other>(Count::default())
+        .priority(0)
+        .await
+        .unwrap();
+    let events = Events::default();
+    let engine = Engine::builder(db.pool().clone())
+        .registry(registry())
+        .queue_with("other", fast(1))
+        .on_event(events.handler())
+        .start()
+        .await
+        .unwrap();
+    finished(db.pool(), low, 10).await;
+    let order: Vec<i64> = events
+        .all()
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepStop { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, vec![high, low]);
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_scheduled_instance_does_not_run_early() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let later = gd
+        .insert::<Other>(Count::default())
+        .schedule_in(Duration::from_millis(1500))
+        .await
+        .unwrap();
+    let now = gd.insert::<Other>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), now, 10).await, "done");
+    assert_eq!(
+        status(db.pool(), later).await,
+        "runnable",
+        "not eligible yet"
+    );
+    assert_eq!(finished(db.pool(), later, 10).await, "done");
+    let ran_after: bool =
+        sqlx::query_scalar("SELECT updated_at >= eligible_at FROM gd_instances WHERE id = $1")
+            .bind(later)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert!(ran_after);
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn replay_counts_attempts_and_next_resets_them() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let id = gd.insert::<Replayer>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "state->'log'").await.as_deref(),
+        Some(r#"["attempt 0", "attempt 1", "attempt 2"]"#)
+    );
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"attempt_at_fin": 0}"#)
+    );
+    // Each replay waited its delay: three runs took at least 2 × 50 ms.
+    let secs: f64 = sqlx::query_scalar("SELECT extract(epoch FROM updated_at - inserted_at)::float8 FROM gd_instances WHERE id = $1")
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert!(secs >= 0.1, "took {secs}s");
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn handle_receives_errors_and_panics_and_a_failing_handle_fails() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let e = gd
+        .insert::<Failing>(Count::default())
+        .step("err")
+        .await
+        .unwrap();
+    let p = gd
+        .insert::<Failing>(Count::default())
+        .step("panic")
+        .await
+        .unwrap();
+    let h = gd
+        .insert::<Failing>(Count::default())
+        .step("handle_fails")
+        .await
+        .unwrap();
+    assert_eq!(finished(db.pool(), e, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), e, "result").await.as_deref(),
+        Some(r#"{"panic": false, "handled": "boom"}"#)
+    );
+    assert_eq!(finished(db.pool(), p, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), p, "result").await.as_deref(),
+        Some(r#"{"panic": true, "handled": "step panicked: kaboom"}"#)
+    );
+    assert_eq!(finished(db.pool(), h, 10).await, "failed");
+    let err = column(db.pool(), h, "last_error").await.unwrap();
+    assert!(
+        err.contains("first") && err.contains("handle broke"),
+        "{err}"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn invalid_config_is_an_error_at_start() {
+    let db = TestDb::new().await;
+    let bad = [
+        Engine::builder(db.pool().clone())
+            .registry(registry())
+            .start()
+            .await
+            .err(),
+        Engine::builder(db.pool().clone())
+            .registry(registry())
+            .queue("q", 0)
+            .start()
+            .await
+            .err(),
+        Engine::builder(db.pool().clone())
+            .registry(registry())
+            .queue("q", 1)
+            .queue("q", 2)
+            .start()
+            .await
+            .err(),
+        Engine::builder(db.pool().clone())
+            .registry(registry())
+            .queue("q", 1)
+            .lease_ttl(Duration::from_millis(10))
+            .start()
+            .await
+            .err(),
+        Engine::builder(db.pool().clone())
+            .registry(registry())
+            .queue_with("q", QueueConfig::new(2).min_demand(5))
+            .start()
+            .await
+            .err(),
+        Engine::builder(db.pool().clone())
+            .registry(Registry::new())
+            .queue("q", 1)
+            .start()
+            .await
+            .err(),
+    ];
+    for (i, e) in bad.iter().enumerate() {
+        assert!(
+            matches!(e, Some(gen_durable::Error::InvalidConfig(_))),
+            "case {i}: {e:?}"
+        );
+    }
+    eventually(1, "nothing was started", || async { true }).await;
+    db.close().await;
+}
