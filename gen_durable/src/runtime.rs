@@ -50,8 +50,10 @@ pub struct StepOutput {
     pub outcome: Outcome,
     /// The state to commit.
     pub state: Value,
-    /// Signal ids to delete on a progressing outcome (`next`, `schedule_childs`).
-    pub consumed: Vec<i64>,
+    /// Ids of the signals the step saw in `ctx.awaited()`. A progressing outcome (`next`,
+    /// `schedule_childs`) consumes them; an `await` does not count them as news, so a
+    /// step that re-awaits to accumulate parks until a signal it has not seen arrives.
+    pub awaited: Vec<i64>,
     /// `last_error` to record with the outcome (a `stop` records its reason).
     pub error: Option<String>,
     /// The step's own transaction, to commit with the outcome.
@@ -229,7 +231,7 @@ fn stop_output(reason: String, state: Value, started: Instant) -> StepOutput {
         error: Some(reason.clone()),
         outcome: Outcome::Stop { reason },
         state,
-        consumed: Vec::new(),
+        awaited: Vec::new(),
         tx: None,
         duration: started.elapsed(),
     }
@@ -336,15 +338,11 @@ fn finish<F: Fsm>(
             )
         }
     };
-    let awaited_ids = || ctx.base.awaited.iter().map(|s| s.id).collect::<Vec<_>>();
-    let mut consumed = Vec::new();
+    let awaited: Vec<i64> = ctx.base.awaited.iter().map(|s| s.id).collect();
     let outcome = match step.kind {
-        StepKind::Next(next) => {
-            consumed = awaited_ids();
-            Outcome::Next {
-                step: next.step_name(),
-            }
-        }
+        StepKind::Next(next) => Outcome::Next {
+            step: next.step_name(),
+        },
         StepKind::Replay(delay) => Outcome::Replay { delay },
         StepKind::Await {
             names,
@@ -359,13 +357,10 @@ fn finish<F: Fsm>(
             let rows: Result<Vec<_>, String> =
                 children.into_iter().map(Child::into_new_instance).collect();
             match rows {
-                Ok(children) => {
-                    consumed = awaited_ids();
-                    Outcome::ScheduleChilds {
-                        children,
-                        step: next.step_name(),
-                    }
-                }
+                Ok(children) => Outcome::ScheduleChilds {
+                    children,
+                    step: next.step_name(),
+                },
                 Err(reason) => return stop_output(reason, state, started),
             }
         }
@@ -379,7 +374,7 @@ fn finish<F: Fsm>(
     StepOutput {
         outcome,
         state,
-        consumed,
+        awaited,
         error,
         tx: ctx.base.tx.take(),
         duration: started.elapsed(),

@@ -29,7 +29,10 @@ SELECT i.id
 "#;
 
 /// Statement 2: apply every fenced outcome from parallel arrays, exactly as the table of
-/// §3.1 says; delete consumed signals by id and the whole inbox of finished rows;
+/// §3.1 says. An `await` commits as `runnable` at once if a matching signal is in the
+/// inbox that the step did not already see in `ctx.awaited()` (`$12`): a signal that
+/// arrived while the step ran is not lost, and a step that re-awaits to accumulate
+/// signals parks until a new one comes instead of spinning on the ones it has; delete consumed signals by id and the whole inbox of finished rows;
 /// decrement each finished child's parent once per child and wake a parent whose count
 /// reaches zero; one NOTIFY per queue that got runnable work.
 const APPLY: &str = r#"
@@ -46,7 +49,8 @@ WITH o AS (
                WHEN o.kind = 'await' THEN
                    CASE WHEN EXISTS (SELECT 1 FROM gd_signals s
                                       WHERE s.target_id = i.id
-                                        AND s.name = ANY (string_to_array(o.awaits, chr(31))))
+                                        AND s.name = ANY (string_to_array(o.awaits, chr(31)))
+                                        AND s.id <> ALL ($12::int8[]))
                         THEN 'runnable' ELSE 'awaiting_signal' END
                WHEN o.kind = 'schedule_childs' THEN
                    CASE WHEN o.children = 0 THEN 'runnable' ELSE 'awaiting_children' END
@@ -161,6 +165,7 @@ pub(crate) async fn commit(
     let mut a_awaits: Vec<Option<String>> = Vec::with_capacity(n);
     let mut a_children: Vec<i32> = Vec::with_capacity(n);
     let mut consumed: Vec<i64> = Vec::new();
+    let mut seen: Vec<i64> = Vec::new();
     for c in &live {
         let out = c.output;
         a_id.push(c.id);
@@ -190,11 +195,12 @@ pub(crate) async fn commit(
         a_result.push(result);
         a_delay.push(delay);
         a_awaits.push(awaits);
-        if matches!(
-            out.outcome,
-            Outcome::Next { .. } | Outcome::ScheduleChilds { .. }
-        ) {
-            consumed.extend_from_slice(&out.consumed);
+        match out.outcome {
+            Outcome::Next { .. } | Outcome::ScheduleChilds { .. } => {
+                consumed.extend_from_slice(&out.awaited)
+            }
+            Outcome::Await { .. } => seen.extend_from_slice(&out.awaited),
+            _ => {}
         }
     }
     sqlx::query(APPLY)
@@ -209,6 +215,7 @@ pub(crate) async fn commit(
         .bind(a_children)
         .bind(consumed)
         .bind(now)
+        .bind(seen)
         .execute(&mut *conn)
         .await?;
     Ok(fenced)

@@ -1,0 +1,212 @@
+//! Await and signals through the engine (spec §5): wake on a match, no lost wake-up,
+//! consumption by id, timeouts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{column, count, eventually, finished, status, Count};
+use gen_durable::{Client, Engine, QueueConfig, Registry, Step};
+use gen_durable_testkit::TestDb;
+use serde_json::json;
+
+test_fsm!(Waiter, state = Count, queue = "w", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["go"], Waiter::Use)) },
+    Use => "use" |ctx| {
+        let v = ctx.awaited().first().map(|s| s.payload()["v"].clone());
+        Ok(Step::done(json!({ "v": v, "attempt": ctx.attempt() })))
+    },
+});
+
+test_fsm!(Branch, state = Count, queue = "w", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["approve", "reject"], Branch::Decide)) },
+    Decide => "decide" |ctx| { Ok(Step::done(json!(ctx.awaited()[0].name.clone()))) },
+});
+
+test_fsm!(Acc, state = Count, queue = "w", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["a", "b", "c"], Acc::Add)) },
+    Add => "add" |ctx| {
+        // Re-awaiting consumes nothing: each wake sees every signal so far.
+        ctx.state.log.push(format!("woke with {}", ctx.awaited().len()));
+        let got = ctx.awaited();
+        if got.len() < 3 { return Ok(Step::await_signal(["a", "b", "c"], Acc::Add)); }
+        let sum: i64 = got.iter().map(|s| s.payload()["x"].as_i64().unwrap()).sum();
+        Ok(Step::done(json!({ "sum": sum, "count": got.len() })))
+    },
+});
+
+test_fsm!(Timed, state = Count, queue = "w", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["late"], Timed::After).timeout(Duration::from_millis(300))) },
+    After => "after" |ctx| { Ok(Step::done(json!({ "awaited": ctx.awaited().len(), "attempt": ctx.attempt() }))) },
+});
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register::<Waiter>();
+    r.register::<Branch>();
+    r.register::<Acc>();
+    r.register::<Timed>();
+    r
+}
+
+async fn engine(db: &TestDb) -> Engine {
+    Engine::builder(db.pool().clone())
+        .registry(registry())
+        .queue_with(
+            "w",
+            QueueConfig::new(4).poll_interval(Duration::from_millis(50)),
+        )
+        .timeout_interval(Duration::from_millis(50))
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn parked(db: &TestDb, id: i64) {
+    eventually(10, "parked", || async {
+        status(db.pool(), id).await == "awaiting_signal"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_signal_wakes_a_parked_instance_and_is_consumed() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db).await;
+    let id = gd.insert::<Waiter>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    gd.signal(id, "go", json!({ "v": 7 })).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"v": 7, "attempt": 0}"#)
+    );
+    assert_eq!(count(db.pool(), "SELECT count(*) FROM gd_signals").await, 0);
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_signal_sent_before_the_instance_parks_still_wakes_it() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let id = gd.insert::<Waiter>(Count::default()).await.unwrap();
+    gd.signal(id, "go", json!({ "v": 3 })).await.unwrap();
+    let engine = engine(&db).await;
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result->>'v'").await.as_deref(),
+        Some("3")
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_any_of_await_takes_the_branch_of_the_signal_sent() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db).await;
+    let id = gd.insert::<Branch>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    gd.signal(id, "stray", json!({})).await.unwrap();
+    assert_eq!(
+        status(db.pool(), id).await,
+        "awaiting_signal",
+        "a stray name does not wake"
+    );
+    gd.signal(id, "reject", json!({})).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#""reject""#)
+    );
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_signals").await,
+        0,
+        "the stray signal went with the instance"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_accumulator_sums_three_signals_by_re_awaiting() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db).await;
+    let id = gd.insert::<Acc>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    for (name, x) in [("b", 2), ("a", 1), ("c", 4)] {
+        gd.signal(id, name, json!({ "x": x })).await.unwrap();
+        // No busy loop: between signals the instance parks again.
+        if name != "c" {
+            parked(&db, id).await;
+        }
+    }
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"sum": 7, "count": 3}"#)
+    );
+    let wakes: i64 = sqlx::query_scalar(
+        "SELECT jsonb_array_length(state->'log')::int8 FROM gd_instances WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    assert!(wakes <= 3, "woke {wakes} times for 3 signals");
+    assert_eq!(count(db.pool(), "SELECT count(*) FROM gd_signals").await, 0);
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_await_timeout_runs_the_next_step_with_nothing_awaited() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db).await;
+    let started = std::time::Instant::now();
+    let id = gd.insert::<Timed>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"attempt": 0, "awaited": 0}"#)
+    );
+
+    // A signal that arrives first beats the timeout.
+    let id = gd.insert::<Timed>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    gd.signal(id, "late", json!({})).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"attempt": 0, "awaited": 1}"#)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn no_wake_up_is_lost_when_delivery_races_parking() {
+    // Many instances park while their signal is delivered at the same moment; every one
+    // must finish, whatever the interleaving of the delivery and the await commit.
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db).await;
+    let mut ids = Vec::new();
+    for _ in 0..100 {
+        ids.push(gd.insert::<Waiter>(Count::default()).await.unwrap());
+    }
+    for &id in &ids {
+        gd.signal(id, "go", json!({ "v": id })).await.unwrap();
+    }
+    for &id in &ids {
+        assert_eq!(finished(db.pool(), id, 20).await, "done", "instance {id}");
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
