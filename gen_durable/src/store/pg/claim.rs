@@ -51,11 +51,9 @@ WITH picked AS MATERIALIZED (
            updated_at = coalesce($7, now())
       FROM chosen c
      WHERE i.id = c.id
-    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
-              i.partition_key
+    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch
 )
 SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
-       c.partition_key,
        (SELECT coalesce(json_agg(json_build_object(
                    'id', s.id, 'name', s.name, 'payload', s.payload,
                    'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
@@ -81,7 +79,6 @@ pub(crate) struct Claimed {
     pub(crate) attempt: i32,
     pub(crate) awaits: Vec<String>,
     pub(crate) lease_epoch: i64,
-    pub(crate) partition_key: Option<String>,
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) childs: Json<Vec<ChildInfo>>,
     pub(crate) picked: i64,
