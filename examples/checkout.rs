@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use gen_durable::prelude::*;
-use gen_durable::{durable_fsm, durable_steps, Event};
+use gen_durable::Event;
 
 #[derive(DurableState, Serialize, Deserialize, Default, Debug, Clone)]
 pub struct CheckoutState {
@@ -159,7 +159,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .bind(ids.iter().map(|(_, id)| *id).collect::<Vec<_>>())
     .fetch_all(&pool)
     .await?;
-    println!("\n{:>5}  {:<7}  {}", "order", "status", "result / error");
+    println!("\n{:>5}  {:<7}  result / error", "order", "status");
     for (order, status, result, error) in &rows {
         println!(
             "{order:>5}  {status:<7}  {}",

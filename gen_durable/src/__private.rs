@@ -8,3 +8,72 @@ pub use crate::state::{cast_field, json_kind, CastError, DurableState};
 pub use inventory;
 pub use serde_json;
 pub use serde_json::Value;
+
+use std::marker::PhantomData;
+
+/// What `#[durable_steps]` implements for an FSM: the part of the dispatch only the
+/// impl block knows, i.e. whether it defines `handle`. `#[durable_fsm]`'s `Fsm::handle`
+/// forwards here, so an FSM without a `#[durable_steps]` block fails to compile with
+/// the message below, on the enum's name.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no `#[durable_steps]` impl block",
+    label = "the step handlers of `{Self}` are missing",
+    note = "add `#[durable_steps] impl {Self} {{ … }}` with one `async fn <step>(ctx: &mut Ctx<Self>) -> StepResult<Self>` per variant"
+)]
+pub trait DurableSteps: Fsm {
+    /// The FSM's `handle`; without one, the same default as `Fsm::handle`: `stop`.
+    fn handle_failure<'a>(err: StepError, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self> {
+        let _ = ctx;
+        Box::pin(async move { Ok(Step::stop(err.to_string())) })
+    }
+}
+
+/// Casts one field of a `#[derive(DurableState)]` struct: through the field type's
+/// own `DurableState::cast_at` when it has one (so a nested state's
+/// `#[durable(default)]` fields work and its paths nest), else through serde.
+/// Chosen by autoref: `(&&CastVia::<T>::new()).cast_via(value, path)`.
+#[derive(Debug)]
+pub struct CastVia<T>(PhantomData<T>);
+
+impl<T> CastVia<T> {
+    /// A selector for `T`.
+    pub const fn new() -> Self {
+        CastVia(PhantomData)
+    }
+}
+
+impl<T> Default for CastVia<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The preferred route: `T: DurableState`.
+pub trait CastViaState {
+    /// The field type.
+    type Target;
+    /// Casts `value` at `path`.
+    fn cast_via(&self, value: &Value, path: &str) -> Result<Self::Target, CastError>;
+}
+
+impl<T: DurableState> CastViaState for &CastVia<T> {
+    type Target = T;
+    fn cast_via(&self, value: &Value, path: &str) -> Result<T, CastError> {
+        T::cast_at(value, path)
+    }
+}
+
+/// The fallback route: any `T: DeserializeOwned`.
+pub trait CastViaSerde {
+    /// The field type.
+    type Target;
+    /// Casts `value` at `path`.
+    fn cast_via(&self, value: &Value, path: &str) -> Result<Self::Target, CastError>;
+}
+
+impl<T: serde::de::DeserializeOwned> CastViaSerde for CastVia<T> {
+    type Target = T;
+    fn cast_via(&self, value: &Value, path: &str) -> Result<T, CastError> {
+        cast_field(value, path)
+    }
+}

@@ -49,6 +49,7 @@ pub mod prelude {
         backoff, Child, Client, Ctx, DurableState, Engine, Fsm, JobCtx, JobError, JobResult,
         Signal, Status, Step, StepError, StepResult,
     };
+    pub use gen_durable_macros::{durable_fsm, durable_job, durable_steps};
     pub use serde::{Deserialize, Serialize};
     pub use serde_json::json;
     pub use std::time::Duration;

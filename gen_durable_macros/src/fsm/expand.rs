@@ -1,0 +1,131 @@
+//! Writing the `Fsm` impl, the derives and the registration of a `#[durable_fsm]` enum.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::ItemEnum;
+
+use super::parse::FsmInput;
+use super::validate::FsmModel;
+use crate::common::Errors;
+
+/// The traits every FSM enum derives (the `Fsm` bound needs `Copy + Debug`; equality
+/// and hashing make steps easy to compare in tests and to key maps).
+const DERIVES: &[(&str, &str)] = &[
+    ("Clone", "::core::clone::Clone"),
+    ("Copy", "::core::marker::Copy"),
+    ("Debug", "::core::fmt::Debug"),
+    ("PartialEq", "::core::cmp::PartialEq"),
+    ("Eq", "::core::cmp::Eq"),
+    ("Hash", "::core::hash::Hash"),
+];
+
+pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors) -> TokenStream {
+    let errs = errors.to_compile_errors();
+    let mut item = input.item.clone();
+    let Some(model) = model else {
+        return quote!(#errs #item);
+    };
+    // A variant with fields is an error (reported); drop the fields so the impl can
+    // still be generated and the rest of the crate type-checks.
+    for variant in &mut item.variants {
+        variant.fields = syn::Fields::Unit;
+    }
+    add_derives(&mut item);
+    let ident = &item.ident;
+    let state = match &model.state {
+        Some(ty) => quote!(#ty),
+        None => quote!(()),
+    };
+    let (name, version, queue) = (&model.name, model.version, &model.queue);
+    let max_reaps = model.max_reaps.map(|n| quote!(const MAX_REAPS: i32 = #n;));
+    let stored: Vec<&String> = model.steps.iter().map(|s| &s.stored).collect();
+    let variants: Vec<_> = model.steps.iter().map(|s| &s.variant).collect();
+    let initial = &model.steps[model.initial].variant;
+    // Each call is spanned on its variant: a missing or misspelled handler is reported
+    // there ("no function or associated item named `reserve` found for enum `Checkout`").
+    let dispatch = model.steps.iter().map(|s| {
+        let (variant, handler) = (&s.variant, &s.handler);
+        quote_spanned!(variant.span()=> Self::#variant => Self::#handler(ctx),)
+    });
+    // Spanned on the enum's name: without a `#[durable_steps]` block the error is there.
+    let handle = quote_spanned!(ident.span()=>
+        <Self as ::gen_durable::__private::DurableSteps>::handle_failure(err, ctx)
+    );
+
+    quote! {
+        #errs
+        #item
+
+        #[automatically_derived]
+        impl ::gen_durable::__private::Fsm for #ident {
+            type State = #state;
+            const NAME: &'static str = #name;
+            const VERSION: i32 = #version;
+            const QUEUE: &'static str = #queue;
+            #max_reaps
+            const STEPS: &'static [&'static str] = &[#(#stored),*];
+
+            fn initial() -> Self {
+                Self::#initial
+            }
+
+            fn step_name(self) -> &'static str {
+                match self {
+                    #(Self::#variants => #stored,)*
+                }
+            }
+
+            #[allow(unreachable_patterns)]
+            fn from_step_name(name: &str) -> ::core::option::Option<Self> {
+                match name {
+                    #(#stored => ::core::option::Option::Some(Self::#variants),)*
+                    _ => ::core::option::Option::None,
+                }
+            }
+
+            fn run_step<'a>(
+                self,
+                ctx: &'a mut ::gen_durable::__private::Ctx<Self>,
+            ) -> ::gen_durable::__private::StepFuture<'a, Self> {
+                match self {
+                    #(#dispatch)*
+                }
+            }
+
+            fn handle<'a>(
+                err: ::gen_durable::__private::StepError,
+                ctx: &'a mut ::gen_durable::__private::Ctx<Self>,
+            ) -> ::gen_durable::__private::StepFuture<'a, Self> {
+                #handle
+            }
+        }
+
+        ::gen_durable::__private::inventory::submit! {
+            ::gen_durable::__private::FsmEntry::of::<#ident>()
+        }
+    }
+}
+
+/// Adds `#[derive(…)]` for the traits in [`DERIVES`] the enum does not derive yet.
+fn add_derives(item: &mut ItemEnum) {
+    let mut present: Vec<String> = Vec::new();
+    for attr in &item.attrs {
+        if !attr.path().is_ident("derive") {
+            continue;
+        }
+        let _ = attr.parse_nested_meta(|meta| {
+            if let Some(last) = meta.path.segments.last() {
+                present.push(last.ident.to_string());
+            }
+            Ok(())
+        });
+    }
+    let missing: Vec<TokenStream> = DERIVES
+        .iter()
+        .filter(|(short, _)| !present.iter().any(|p| p == short))
+        .map(|(_, path)| path.parse().expect("a valid path"))
+        .collect();
+    if !missing.is_empty() {
+        item.attrs.push(syn::parse_quote!(#[derive(#(#missing),*)]));
+    }
+}

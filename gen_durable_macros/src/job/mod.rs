@@ -1,0 +1,19 @@
+//! `#[durable_job]`: an async fn as a one-step FSM (spec §2.2).
+
+mod expand;
+mod parse;
+mod validate;
+
+use proc_macro2::TokenStream;
+
+use crate::common::Errors;
+
+pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let Some(input) = parse::parse(attr, item.clone(), &mut errors) else {
+        let errs = errors.to_compile_errors();
+        return quote::quote!(#errs #item);
+    };
+    let model = validate::validate(&input, &mut errors);
+    expand::expand(&input, model.as_ref(), &errors)
+}

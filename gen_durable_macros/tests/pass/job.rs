@@ -1,0 +1,25 @@
+use gen_durable::durable_job;
+use gen_durable::prelude::*;
+
+#[derive(DurableState, Serialize, Deserialize, Debug, Clone)]
+pub struct WelcomeArgs {
+    pub email: String,
+}
+
+async fn send(_email: &str) -> Result<(), std::io::Error> {
+    Ok(())
+}
+
+#[durable_job(queue = "mail", max_attempts = 5, max_backoff_secs = 60, version = 2)]
+pub async fn send_welcome(args: WelcomeArgs, ctx: &mut JobCtx) -> JobResult {
+    if ctx.is_cancelled() {
+        return Err(JobError::cancel("shutting down"));
+    }
+    send(&args.email).await.map_err(JobError::retry)?;
+    Ok(json!({ "sent": true }))
+}
+
+fn main() {
+    assert_eq!(<SendWelcome as Fsm>::QUEUE, "mail");
+    assert_eq!(SendWelcome::RETRY_POLICY.max_attempts, 5);
+}

@@ -1,0 +1,31 @@
+use gen_durable::prelude::*;
+use gen_durable::{durable_fsm, durable_steps};
+
+#[derive(DurableState, Serialize, Deserialize, Default, Debug, Clone)]
+struct OrderState {
+    order: u64,
+}
+
+#[durable_fsm(state = OrderState)]
+enum Checkout {
+    #[initial]
+    Reserve,
+    Ship,
+}
+
+async fn audit() {}
+
+#[durable_steps]
+impl Checkout {
+    async fn reserve(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let counter = std::rc::Rc::new(1);
+        audit().await;
+        drop(counter);
+        Ok(Step::next(Checkout::Ship))
+    }
+    async fn ship(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::done(json!({})))
+    }
+}
+
+fn main() {}

@@ -1,0 +1,467 @@
+//! The in-memory table of instances and signals. Each operation mirrors one SQL
+//! statement of `gen_durable::store::pg` — INSERT (uniqueness through the guard),
+//! DELIVER, CLAIM (order and partitions), APPLY (the effect of each outcome),
+//! EXPIRE_AWAITS — so the kit and Postgres commit the same thing. Comments name the
+//! statement each function follows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
+use gen_durable::{ChildInfo, Registry, Signal, Status};
+use serde_json::Value;
+
+use crate::instance::Instance;
+
+/// One row of `gd_instances`.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub(crate) id: i64,
+    pub(crate) fsm: String,
+    pub(crate) version: i32,
+    pub(crate) step: String,
+    pub(crate) status: Status,
+    pub(crate) state: Value,
+    pub(crate) result: Option<Value>,
+    pub(crate) awaits: Vec<String>,
+    pub(crate) await_deadline: Option<DateTime<Utc>>,
+    pub(crate) queue: String,
+    pub(crate) priority: i16,
+    pub(crate) partition_key: Option<String>,
+    pub(crate) eligible_at: DateTime<Utc>,
+    pub(crate) attempt: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) parent_id: Option<i64>,
+    pub(crate) children_pending: i32,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) unique_scope: Option<Vec<Status>>,
+}
+
+impl Row {
+    /// The generated column `unique_guard`: the key while the status is in the scope.
+    fn guard(&self) -> Option<&str> {
+        guard(&self.unique_key, &self.unique_scope, self.status)
+    }
+}
+
+fn guard<'a>(
+    key: &'a Option<String>,
+    scope: &Option<Vec<Status>>,
+    status: Status,
+) -> Option<&'a str> {
+    match (key, scope) {
+        (Some(k), Some(s)) if s.contains(&status) => Some(k.as_str()),
+        _ => None,
+    }
+}
+
+/// One row of `gd_signals`.
+#[derive(Debug, Clone)]
+struct StoredSignal {
+    target: i64,
+    signal: Signal,
+}
+
+/// What one delivery found and did (mirrors `Delivered`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivered {
+    pub(crate) status: Option<Status>,
+    pub(crate) signal_id: Option<i64>,
+    pub(crate) woke: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    rows: BTreeMap<i64, Row>,
+    signals: BTreeMap<i64, StoredSignal>,
+    last_id: i64,
+    last_signal: i64,
+}
+
+fn after(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    // SQL builds intervals from whole milliseconds (`store::pg::millis`).
+    let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    now + chrono::Duration::milliseconds(ms)
+}
+
+impl Store {
+    pub(crate) fn row(&self, id: i64) -> Option<&Row> {
+        self.rows.get(&id)
+    }
+
+    pub(crate) fn row_mut(&mut self, id: i64) -> Option<&mut Row> {
+        self.rows.get_mut(&id)
+    }
+
+    pub(crate) fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.rows.keys().copied()
+    }
+
+    fn inbox(&self, id: i64) -> Vec<Signal> {
+        self.signals
+            .values()
+            .filter(|s| s.target == id)
+            .map(|s| s.signal.clone())
+            .collect()
+    }
+
+    fn children(&self, id: i64) -> impl Iterator<Item = &Row> {
+        self.rows.values().filter(move |r| r.parent_id == Some(id))
+    }
+
+    /// What a step of `id` sees as `ctx.childs()` (the pick's `childs` column).
+    pub(crate) fn child_infos(&self, id: i64) -> Vec<ChildInfo> {
+        self.children(id)
+            .map(|c| ChildInfo {
+                id: c.id,
+                fsm: c.fsm.clone(),
+                status: c.status,
+                state: c.state.clone(),
+                result: c.result.clone(),
+                last_error: c.last_error.clone(),
+            })
+            .collect()
+    }
+
+    pub(crate) fn inbox_of(&self, id: i64) -> Vec<Signal> {
+        self.inbox(id)
+    }
+
+    pub(crate) fn snapshot(&self, id: i64) -> Option<Instance> {
+        let r = self.rows.get(&id)?;
+        Some(Instance {
+            id: r.id,
+            fsm: r.fsm.clone(),
+            fsm_version: r.version,
+            step: r.step.clone(),
+            status: r.status,
+            state: r.state.clone(),
+            result: r.result.clone(),
+            last_error: r.last_error.clone(),
+            attempt: r.attempt,
+            awaits: r.awaits.clone(),
+            await_deadline: r.await_deadline,
+            eligible_at: r.eligible_at,
+            queue: r.queue.clone(),
+            priority: r.priority,
+            partition_key: r.partition_key.clone(),
+            unique_key: r.unique_key.clone(),
+            parent_id: r.parent_id,
+            children_pending: r.children_pending,
+            inbox: self.inbox(id),
+            children: self.children(id).map(|c| c.id).collect(),
+        })
+    }
+
+    /// INSERT: rows go in in unique-key order (NULLS LAST, then input order), which is
+    /// also the order their ids are drawn in; a row whose key is occupied — by a stored
+    /// row or an earlier row of the batch — is dropped. Returns the inserted ids,
+    /// ascending, each with its parent.
+    pub(crate) fn insert(
+        &mut self,
+        rows: Vec<(NewInstance, Option<i64>)>,
+        now: DateTime<Utc>,
+    ) -> Vec<(i64, Option<i64>)> {
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (ka, kb) = (&rows[a].0.unique_key, &rows[b].0.unique_key);
+            match (ka, kb) {
+                (Some(x), Some(y)) => x.cmp(y).then(a.cmp(&b)),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => a.cmp(&b),
+            }
+        });
+        let mut slots: Vec<Option<(NewInstance, Option<i64>)>> = rows.into_iter().map(Some).collect();
+        let mut inserted = Vec::new();
+        for i in order {
+            let (new, parent) = slots[i].take().expect("each row once");
+            if let Some(key) = guard(&new.unique_key, &new.unique_scope, Status::Runnable) {
+                if self.rows.values().any(|r| r.guard() == Some(key)) {
+                    continue;
+                }
+            }
+            self.last_id += 1;
+            let id = self.last_id;
+            let eligible_at = new
+                .eligible_at
+                .unwrap_or_else(|| after(now, new.delay.unwrap_or_default()));
+            self.rows.insert(
+                id,
+                Row {
+                    id,
+                    fsm: new.fsm,
+                    version: new.version,
+                    step: new.step,
+                    status: Status::Runnable,
+                    state: new.state,
+                    result: None,
+                    awaits: Vec::new(),
+                    await_deadline: None,
+                    queue: new.queue,
+                    priority: new.priority,
+                    partition_key: new.partition_key,
+                    eligible_at,
+                    attempt: 0,
+                    last_error: None,
+                    parent_id: parent,
+                    children_pending: 0,
+                    unique_key: new.unique_key,
+                    unique_scope: new.unique_scope,
+                },
+            );
+            inserted.push((id, parent));
+        }
+        inserted.sort_unstable();
+        inserted
+    }
+
+    /// DELIVER: store the signal unless its dedup key is already stored for this target;
+    /// wake the target only if it is `awaiting_signal` on this name. Nothing is stored
+    /// for an unknown or terminal target.
+    pub(crate) fn deliver(
+        &mut self,
+        target: i64,
+        name: &str,
+        payload: Value,
+        dedup_key: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Delivered {
+        let Some(row) = self.rows.get(&target) else {
+            return Delivered {
+                status: None,
+                signal_id: None,
+                woke: false,
+            };
+        };
+        let status = row.status;
+        if status.is_terminal() {
+            return Delivered {
+                status: Some(status),
+                signal_id: None,
+                woke: false,
+            };
+        }
+        let duplicate = dedup_key.as_ref().is_some_and(|k| {
+            self.signals
+                .values()
+                .any(|s| s.target == target && s.signal.dedup_key.as_ref() == Some(k))
+        });
+        if duplicate {
+            return Delivered {
+                status: Some(status),
+                signal_id: None,
+                woke: false,
+            };
+        }
+        self.last_signal += 1;
+        let id = self.last_signal;
+        self.signals.insert(
+            id,
+            StoredSignal {
+                target,
+                signal: Signal {
+                    id,
+                    name: name.to_string(),
+                    payload,
+                    dedup_key,
+                    inserted_at: now,
+                },
+            },
+        );
+        let row = self.rows.get_mut(&target).expect("checked above");
+        let woke = row.status == Status::AwaitingSignal && row.awaits.iter().any(|a| a == name);
+        if woke {
+            row.status = Status::Runnable;
+            row.eligible_at = now;
+            row.await_deadline = None;
+        }
+        Delivered {
+            status: Some(status),
+            signal_id: Some(id),
+            woke,
+        }
+    }
+
+    /// CLAIM, one row at a time: the first runnable, eligible row of a registered
+    /// `(fsm, version)` by `(priority, eligible_at, id)` whose partition has no
+    /// executing row.
+    pub(crate) fn pick(&self, now: DateTime<Utc>, registry: &Registry) -> Option<i64> {
+        self.rows
+            .values()
+            .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
+            .filter(|r| registry.get(&r.fsm, r.version).is_some())
+            .filter(|r| {
+                r.partition_key.as_ref().is_none_or(|k| {
+                    !self.rows.values().any(|e| {
+                        e.status == Status::Executing && e.partition_key.as_ref() == Some(k)
+                    })
+                })
+            })
+            .min_by_key(|r| (r.priority, r.eligible_at, r.id))
+            .map(|r| r.id)
+    }
+
+    /// Runnable, eligible rows no registered FSM can run: the kit reports them rather
+    /// than waiting on them forever.
+    pub(crate) fn unrunnable(&self, now: DateTime<Utc>, registry: &Registry) -> Vec<&Row> {
+        self.rows
+            .values()
+            .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
+            .filter(|r| registry.get(&r.fsm, r.version).is_none())
+            .collect()
+    }
+
+    /// EXPIRE_AWAITS: parked rows past their deadline become runnable at their next
+    /// step with `awaits` cleared, so that step sees nothing awaited.
+    pub(crate) fn expire_awaits(&mut self, now: DateTime<Utc>) -> usize {
+        let mut n = 0;
+        for r in self.rows.values_mut() {
+            if r.status == Status::AwaitingSignal && r.await_deadline.is_some_and(|d| d <= now) {
+                r.status = Status::Runnable;
+                r.awaits.clear();
+                r.await_deadline = None;
+                r.eligible_at = now;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// APPLY one outcome of the executing row `id`, exactly as the SQL does: children
+    /// first (so the counter is what was inserted), then the row, then consumed signals,
+    /// the inbox of a finished row, and the parent's fan-in.
+    pub(crate) fn apply(&mut self, id: i64, out: &StepOutput, now: DateTime<Utc>) {
+        let mut spawned = 0;
+        if let Outcome::ScheduleChilds { children, .. } = &out.outcome {
+            let rows = children.iter().cloned().map(|c| (c, Some(id))).collect();
+            spawned = self.insert(rows, now).len() as i32;
+        }
+        let kind = out.outcome.kind();
+        // An await commits runnable at once if a matching signal the step did not
+        // already see is in the inbox.
+        let news = match &out.outcome {
+            Outcome::Await { names, .. } => self.signals.values().any(|s| {
+                s.target == id
+                    && names.contains(&s.signal.name)
+                    && !out.awaited.contains(&s.signal.id)
+            }),
+            _ => false,
+        };
+        let row = self.rows.get_mut(&id).expect("the executing row exists");
+        let (step, delay) = match &out.outcome {
+            Outcome::Next { step }
+            | Outcome::Await { step, .. }
+            | Outcome::ScheduleChilds { step, .. } => (Some(*step), None),
+            Outcome::Replay { delay } => (None, Some(*delay)),
+            Outcome::Done { .. } | Outcome::Stop { .. } => (None, None),
+        };
+        if let Some(step) = step {
+            row.step = step.to_string();
+        }
+        row.state = out.state.clone();
+        row.status = match &out.outcome {
+            Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
+            Outcome::Await { .. } if news => Status::Runnable,
+            Outcome::Await { .. } => Status::AwaitingSignal,
+            Outcome::ScheduleChilds { .. } if spawned == 0 => Status::Runnable,
+            Outcome::ScheduleChilds { .. } => Status::AwaitingChildren,
+            Outcome::Done { .. } => Status::Done,
+            Outcome::Stop { .. } => Status::Failed,
+        };
+        if let Outcome::Done { result } = &out.outcome {
+            row.result = Some(result.clone());
+        }
+        row.last_error = match (&out.error, kind) {
+            (Some(e), _) => Some(e.clone()),
+            (None, "replay") => row.last_error.take(),
+            (None, _) => None,
+        };
+        match &out.outcome {
+            Outcome::Await { names, timeout, .. } => {
+                row.awaits = names.clone();
+                row.await_deadline = timeout.map(|t| after(now, t));
+            }
+            Outcome::Replay { .. } => {}
+            _ => {
+                row.awaits.clear();
+                row.await_deadline = None;
+            }
+        }
+        row.eligible_at = after(now, delay.unwrap_or_default());
+        row.attempt = match kind {
+            "replay" => row.attempt + 1,
+            "done" | "stop" => row.attempt,
+            _ => 0,
+        };
+        if kind == "schedule_childs" {
+            row.children_pending = spawned;
+        }
+        let (status, parent) = (row.status, row.parent_id);
+
+        if matches!(kind, "next" | "schedule_childs") {
+            for sid in &out.awaited {
+                self.signals.remove(sid);
+            }
+        }
+        if status.is_terminal() {
+            self.finished(id, parent, now);
+        }
+    }
+
+    /// What every terminal commit does besides the row: the whole inbox goes, and the
+    /// parent counts one child less, waking at zero.
+    fn finished(&mut self, id: i64, parent: Option<i64>, now: DateTime<Utc>) {
+        self.signals.retain(|_, s| s.target != id);
+        if let Some(p) = parent.and_then(|p| self.rows.get_mut(&p)) {
+            p.children_pending -= 1;
+            if p.status == Status::AwaitingChildren && p.children_pending == 0 {
+                p.status = Status::Runnable;
+                p.eligible_at = now;
+            }
+        }
+    }
+
+    /// Cancel: a live instance fails with "cancelled" at once, like a terminal commit
+    /// (inbox deleted, parent counted down), and so do its live descendants. Returns
+    /// every id it cancelled, the instance first.
+    pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> Vec<i64> {
+        let mut cancelled = Vec::new();
+        let mut todo = vec![id];
+        while let Some(next) = todo.pop() {
+            let Some(row) = self.rows.get_mut(&next) else {
+                continue;
+            };
+            if row.status.is_terminal() {
+                continue;
+            }
+            row.status = Status::Failed;
+            row.last_error = Some("cancelled".to_string());
+            row.await_deadline = None;
+            let parent = row.parent_id;
+            self.finished(next, parent, now);
+            cancelled.push(next);
+            let mut kids: Vec<i64> = self
+                .children(next)
+                .filter(|c| !c.status.is_terminal())
+                .map(|c| c.id)
+                .collect();
+            kids.reverse();
+            todo.extend(kids);
+        }
+        cancelled
+    }
+
+    /// Retry: a failed instance is runnable again at the step it failed in, now, with
+    /// `attempt` reset.
+    pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) {
+        if let Some(row) = self.rows.get_mut(&id) {
+            row.status = Status::Runnable;
+            row.attempt = 0;
+            row.eligible_at = now;
+            row.awaits.clear();
+            row.await_deadline = None;
+        }
+    }
+}
