@@ -135,6 +135,49 @@ impl Client {
         }
     }
 
+    /// Cancels instance `id` (spec §5, "Client::cancel"): a runnable or parked instance
+    /// is `failed` ("cancelled") at once; an executing one after its current step, whose
+    /// `ctx.cancelled()` resolves meanwhile. Live children are cancelled with it.
+    pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
+        let mut tx = self.pool.begin().await?;
+        let r = pg::control::cancel(&mut tx, id, self.clock.now_param()).await?;
+        tx.commit().await?;
+        match r {
+            pg::control::CancelResult::NotFound => Err(Error::NotFound { id }),
+            pg::control::CancelResult::Finished(st) => Err(Error::Finished {
+                id,
+                status: st.to_string(),
+            }),
+            pg::control::CancelResult::Done { failed, flagged } => Ok(Cancelled {
+                failed: failed as usize,
+                after_current_step: flagged as usize,
+            }),
+        }
+    }
+
+    /// Makes a `failed` instance runnable again at the step it failed in, with `attempt` 0.
+    pub async fn retry(&self, id: i64) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let r = pg::control::retry(&mut conn, id, self.clock.now_param()).await;
+        match r {
+            Ok((None, _)) => Err(Error::NotFound { id }),
+            Ok((Some(_), true)) => Ok(()),
+            Ok((Some(st), false)) => Err(Error::WrongStatus {
+                id,
+                status: st.to_string(),
+                what: "only a failed instance can be retried",
+            }),
+            Err(Error::Database(sqlx::Error::Database(db)))
+                if db.code().as_deref() == Some(pg::UNIQUE_VIOLATION) =>
+            {
+                Err(Error::Duplicate {
+                    key: format!("(the unique key of instance {id})"),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let key = row.unique_key.clone();
         let ids =
@@ -327,6 +370,15 @@ pub struct SignalSend<'c> {
     name: String,
     payload: Value,
     dedup_key: Option<String>,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancelled {
+    /// Instances (the target and live descendants) failed at once.
+    pub failed: usize,
+    /// Executing instances that will fail after their current step.
+    pub after_current_step: usize,
 }
 
 /// What a delivery did.

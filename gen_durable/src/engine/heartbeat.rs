@@ -1,4 +1,5 @@
-//! The heartbeat service: one statement per tick extends every lease this node holds.
+//! The heartbeat service: one statement per tick extends every lease this node holds,
+//! and learns which of its steps were cancelled meanwhile.
 
 use std::sync::Arc;
 
@@ -31,10 +32,15 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         )
         .await
         {
-            Ok(n) if (n as usize) < held.len() => tracing::debug!(
-                target: "gen_durable::lease", held = held.len(), extended = n,
-                "some leases were not extended: their rows finished or were reaped"),
-            Ok(_) => {}
+            Ok(rows) => {
+                if rows.len() < held.len() {
+                    tracing::debug!(target: "gen_durable::lease", held = held.len(), extended = rows.len(),
+                        "some leases were not extended: their rows finished or were reaped");
+                }
+                for (id, _) in rows.iter().filter(|(_, cancel)| *cancel) {
+                    shared.cancel_step(*id);
+                }
+            }
             Err(e) => tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat failed"),
         }
     }

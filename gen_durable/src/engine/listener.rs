@@ -1,5 +1,6 @@
 //! The wake-up listener: one LISTEN connection per engine. A notification names a
-//! queue; its picker picks at once. Polling stays the source of truth, so a lost
+//! queue; its picker picks at once. A `gd_cancel` notification names an instance whose
+//! running step should see `ctx.cancelled()` resolve. Polling stays the source of truth, so a lost
 //! notification (or a dropped listener connection) only costs one poll interval.
 
 use std::collections::HashMap;
@@ -11,7 +12,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Shared;
-use crate::store::pg::WAKE_CHANNEL;
+use crate::store::pg::{CANCEL_CHANNEL, WAKE_CHANNEL};
 
 pub(crate) async fn run(
     shared: Arc<Shared>,
@@ -41,6 +42,11 @@ pub(crate) async fn run(
                 m = listener.try_recv() => m,
             };
             match msg {
+                Ok(Some(n)) if n.channel() == CANCEL_CHANNEL => {
+                    if let Ok(id) = n.payload().parse::<i64>() {
+                        shared.cancel_step(id);
+                    }
+                }
                 Ok(Some(n)) => {
                     if let Some(wake) = queues.get(n.payload()) {
                         wake.notify_one();
@@ -62,6 +68,6 @@ pub(crate) async fn run(
 
 async fn connect(shared: &Shared) -> sqlx::Result<PgListener> {
     let mut l = PgListener::connect_with(&shared.pool).await?;
-    l.listen(WAKE_CHANNEL).await?;
+    l.listen_all([WAKE_CHANNEL, CANCEL_CHANNEL]).await?;
     Ok(l)
 }

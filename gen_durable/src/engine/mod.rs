@@ -61,6 +61,17 @@ pub(crate) struct Shared {
     pub(crate) leases: Mutex<HashMap<i64, i64>>,
     pub(crate) committer: mpsc::Sender<committer::CommitRequest>,
     pub(crate) timeouts_wake: Notify,
+    /// The cancellation token of every step running on this node, by instance id.
+    pub(crate) running: Mutex<HashMap<i64, CancellationToken>>,
+}
+
+impl Shared {
+    /// Resolves `ctx.cancelled()` of the step running instance `id` here, if any.
+    pub(crate) fn cancel_step(&self, id: i64) {
+        if let Some(token) = self.running.lock().expect("running table").get(&id) {
+            token.cancel();
+        }
+    }
 }
 
 /// Configures and starts an [`Engine`].
@@ -195,6 +206,7 @@ impl EngineBuilder {
             leases: Mutex::new(HashMap::new()),
             committer: commit_tx,
             timeouts_wake: Notify::new(),
+            running: Mutex::new(HashMap::new()),
         });
 
         let tracker = TaskTracker::new();
@@ -228,7 +240,11 @@ impl EngineBuilder {
             };
             runners.push(tracker.spawn(runner.run(stop_picking.clone(), deadline_rx.clone())));
         }
-        tracker.spawn(listener::run(shared.clone(), wakes, stop_services.clone()));
+        tracker.spawn(listener::run(
+            shared.clone(),
+            wakes.clone(),
+            stop_services.clone(),
+        ));
         tracker.close();
         Ok(Engine {
             shared,
@@ -238,6 +254,7 @@ impl EngineBuilder {
             stop_committer,
             deadline: deadline_tx,
             runners,
+            wakes,
         })
     }
 }
@@ -253,6 +270,7 @@ pub struct Engine {
     stop_committer: CancellationToken,
     deadline: watch::Sender<Option<tokio::time::Instant>>,
     runners: Vec<JoinHandle<QueueDrain>>,
+    wakes: HashMap<String, Arc<Notify>>,
 }
 
 /// What a graceful drain did, per queue.
@@ -302,6 +320,14 @@ impl Engine {
     /// This node's id (`locked_by` of the rows it holds).
     pub fn node_id(&self) -> &str {
         &self.shared.cfg.node_id
+    }
+
+    /// Picks on every queue and sweeps await timeouts now, instead of at the next poll.
+    /// Useful after moving a manual [`Clock`]; production never needs it (NOTIFY and
+    /// polling do this).
+    pub fn wake(&self) {
+        self.wakes.values().for_each(|w| w.notify_one());
+        self.shared.timeouts_wake.notify_one();
     }
 
     /// Graceful drain (spec §7.5): stop picking; release every buffered row at once; let

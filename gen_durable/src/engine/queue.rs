@@ -196,6 +196,11 @@ impl QueueRunner {
             let Some(row) = buffer.pop_front() else { break };
             let cancel = CancellationToken::new();
             let (id, epoch) = (row.id, row.lease_epoch);
+            self.shared
+                .running
+                .lock()
+                .expect("running table")
+                .insert(id, cancel.clone());
             let handle = tasks.spawn(run_step(self.shared.clone(), row, cancel.clone()));
             running.insert(handle.id(), Running { id, epoch, cancel });
         }
@@ -320,6 +325,7 @@ async fn run_step(
         let duration = output.duration;
         let committed = commit(&shared, id, epoch, output).await;
         shared.leases.lock().expect("lease table").remove(&id);
+        shared.running.lock().expect("running table").remove(&id);
         match committed {
             Ok(true) => {
                 if parks_with_timeout {

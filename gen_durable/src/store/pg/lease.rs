@@ -8,12 +8,14 @@ use crate::error::Result;
 
 /// Extends every lease this node holds in one statement (buffered and executing rows
 /// alike). Matching on the epoch too means a row that was reaped and re-claimed
-/// elsewhere is not extended by mistake.
+/// elsewhere is not extended by mistake. Returns each extended row with its cancel
+/// flag, so a cancellation whose NOTIFY was lost still reaches the step.
 const HEARTBEAT: &str = r#"
 UPDATE gd_instances i
    SET lease_expires_at = coalesce($4, now()) + $3 * interval '1 millisecond'
   FROM unnest($1::int8[], $2::int8[]) AS l(id, epoch)
  WHERE i.id = l.id AND i.lease_epoch = l.epoch AND i.locked_by = $5 AND i.status = 'executing'
+RETURNING i.id, i.cancel_requested
 "#;
 
 pub(crate) async fn heartbeat<'e>(
@@ -22,17 +24,16 @@ pub(crate) async fn heartbeat<'e>(
     ttl_ms: i64,
     node: &str,
     now: Option<DateTime<Utc>>,
-) -> Result<u64> {
+) -> Result<Vec<(i64, bool)>> {
     let (ids, epochs): (Vec<i64>, Vec<i64>) = leases.iter().copied().unzip();
-    let r = sqlx::query(HEARTBEAT)
+    Ok(sqlx::query_as(HEARTBEAT)
         .bind(ids)
         .bind(epochs)
         .bind(ttl_ms)
         .bind(now)
         .bind(node)
-        .execute(db)
-        .await?;
-    Ok(r.rows_affected())
+        .fetch_all(db)
+        .await?)
 }
 
 /// Returns expired executing rows to `runnable` with `attempt + 1` (the lost worker's
@@ -40,7 +41,8 @@ pub(crate) async fn heartbeat<'e>(
 /// `max_reaps`. Bounded and `SKIP LOCKED`, so any number of nodes may reap at once. A
 /// row failed here is terminal like any other: its inbox goes, and its parent is
 /// decremented (and woken at zero) in the same statement.
-const REAP: &str = r#"
+const REAP: &str = concat!(
+    r#"
 WITH expired AS MATERIALIZED (
     SELECT id FROM gd_instances
      WHERE status = 'executing' AND lease_expires_at < coalesce($2, now())
@@ -49,11 +51,14 @@ WITH expired AS MATERIALIZED (
        FOR NO KEY UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE gd_instances i
-       SET status = (CASE WHEN i.reaps + 1 >= i.max_reaps THEN 'failed' ELSE 'runnable' END)::gd_status,
-           last_error = CASE WHEN i.reaps + 1 >= i.max_reaps
-                             THEN format('lease lost %s times (max_reaps = %s): the step at %L never committed an outcome',
-                                         i.reaps + 1, i.max_reaps, i.step)
-                             ELSE format('lease lost on %s (epoch %s); retrying', i.locked_by, i.lease_epoch) END,
+       SET status = (CASE WHEN i.cancel_requested OR i.reaps + 1 >= i.max_reaps
+                          THEN 'failed' ELSE 'runnable' END)::gd_status,
+           last_error = CASE
+               WHEN i.cancel_requested THEN 'cancelled'
+               WHEN i.reaps + 1 >= i.max_reaps
+               THEN format('lease lost %s times (max_reaps = %s): the step at %L never committed an outcome',
+                           i.reaps + 1, i.max_reaps, i.step)
+               ELSE format('lease lost on %s (epoch %s); retrying', i.locked_by, i.lease_epoch) END,
            attempt = i.attempt + 1,
            reaps = i.reaps + 1,
            locked_by = NULL,
@@ -65,24 +70,16 @@ WITH expired AS MATERIALIZED (
     RETURNING i.id, i.status, i.parent_id, i.queue
 ), inbox AS (
     DELETE FROM gd_signals s USING reaped r WHERE s.target_id = r.id AND r.status = 'failed'
-), fanin AS (
-    UPDATE gd_instances p
-       SET children_pending = p.children_pending - d.n,
-           status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
-                         THEN 'runnable' ELSE p.status END,
-           eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
-                              THEN coalesce($2, now()) ELSE p.eligible_at END
-      FROM (SELECT parent_id, count(*)::int AS n FROM reaped
-             WHERE status = 'failed' AND parent_id IS NOT NULL GROUP BY parent_id) d
-     WHERE p.id = d.parent_id
-    RETURNING p.queue, p.status
-), wake AS (
+), "#,
+    fan_in!("reaped", "$2", ""),
+    r#", wake AS (
     SELECT count(pg_notify('gd_wake', q)) AS n
       FROM (SELECT queue AS q FROM reaped WHERE status = 'runnable'
             UNION SELECT queue FROM fanin WHERE status = 'runnable') w
 )
 SELECT r.id, r.status = 'failed' AS failed FROM reaped r, wake ORDER BY r.id
-"#;
+"#
+);
 
 /// Reaps up to `limit` expired rows; returns `(id, failed)` for each.
 pub(crate) async fn reap<'e>(
@@ -98,19 +95,30 @@ pub(crate) async fn reap<'e>(
 }
 
 /// Gives rows back to `runnable` without counting an attempt: a draining worker's
-/// buffer, or steps cancelled at the drain deadline. Fenced like an outcome.
-const RELEASE: &str = r#"
+/// buffer, or steps cancelled at the drain deadline. Fenced like an outcome. A row whose
+/// instance was cancelled meanwhile fails instead, as its commit would have.
+const RELEASE: &str = concat!(
+    r#"
 WITH released AS (
     UPDATE gd_instances i
-       SET status = 'runnable', locked_by = NULL, lease_expires_at = NULL,
-           updated_at = coalesce($4, now())
+       SET status = (CASE WHEN i.cancel_requested THEN 'failed' ELSE 'runnable' END)::gd_status,
+           last_error = CASE WHEN i.cancel_requested THEN 'cancelled' ELSE i.last_error END,
+           locked_by = NULL, lease_expires_at = NULL, updated_at = coalesce($4, now())
       FROM unnest($1::int8[], $2::int8[]) AS l(id, epoch)
      WHERE i.id = l.id AND i.lease_epoch = l.epoch AND i.locked_by = $3 AND i.status = 'executing'
-    RETURNING i.id, i.queue
-)
-SELECT r.id, (SELECT count(pg_notify('gd_wake', q)) FROM (SELECT DISTINCT queue AS q FROM released) d) AS n
+    RETURNING i.id, i.status, i.parent_id, i.queue
+), inbox AS (
+    DELETE FROM gd_signals s USING released r WHERE s.target_id = r.id AND r.status = 'failed'
+), "#,
+    fan_in!("released", "$4", ""),
+    r#"
+SELECT r.id,
+       (SELECT count(pg_notify('gd_wake', q))
+          FROM (SELECT queue AS q FROM released WHERE status = 'runnable'
+                UNION SELECT queue FROM fanin WHERE status = 'runnable') d) AS n
   FROM released r
-"#;
+"#
+);
 
 pub(crate) async fn release<'e>(
     db: impl PgExecutor<'e>,

@@ -14,13 +14,14 @@ use crate::store::pg::millis;
 /// Statement 1 of a commit: lock the rows this worker still owns, in id order (so two
 /// committers never wait on each other in a cycle), and return them. A row whose
 /// `(locked_by, lease_epoch)` moved on — reaped, released, or claimed by another worker —
-/// is not returned, and nothing of its outcome is written: that is the fence.
+/// is not returned, and nothing of its outcome is written: that is the fence. A row
+/// cancelled while its step ran commits as `stop` "cancelled" instead of its outcome.
 ///
 /// It must be its own statement: under READ COMMITTED the next statement takes a fresh
 /// snapshot *after* these locks are held, so an `await` sees every signal committed by
 /// a delivery that held the row before us (deliveries lock the row first too).
 const FENCE: &str = r#"
-SELECT i.id
+SELECT i.id, i.cancel_requested
   FROM gd_instances i
   JOIN unnest($1::int8[], $2::int8[]) AS f(id, epoch) ON i.id = f.id
  WHERE i.locked_by = $3 AND i.lease_epoch = f.epoch AND i.status = 'executing'
@@ -35,7 +36,8 @@ SELECT i.id
 /// signals parks until a new one comes instead of spinning on the ones it has; delete consumed signals by id and the whole inbox of finished rows;
 /// decrement each finished child's parent once per child and wake a parent whose count
 /// reaches zero; one NOTIFY per queue that got runnable work.
-const APPLY: &str = r#"
+const APPLY: &str = concat!(
+    r#"
 WITH o AS (
     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
                          $6::text[], $7::int8[], $8::text[], $9::int4[])
@@ -85,25 +87,25 @@ WITH o AS (
 ), inbox AS (
     DELETE FROM gd_signals s USING upd u
      WHERE s.target_id = u.id AND u.status IN ('done', 'failed') RETURNING 1
-), fanin AS (
-    UPDATE gd_instances p
-       SET children_pending = p.children_pending - d.n,
-           status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
-                         THEN 'runnable' ELSE p.status END,
-           eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - d.n = 0
-                              THEN coalesce($11, now()) ELSE p.eligible_at END,
-           updated_at = coalesce($11, now())
-      FROM (SELECT parent_id, count(*)::int AS n FROM upd
-             WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL
-             GROUP BY parent_id) d
-     WHERE p.id = d.parent_id
-    RETURNING p.queue, p.status
-)
+), "#,
+    fan_in!("upd", "$11", ""),
+    r#"
 SELECT (SELECT count(pg_notify('gd_wake', q))
           FROM (SELECT queue AS q FROM upd WHERE status = 'runnable'
                 UNION SELECT queue FROM fanin WHERE status = 'runnable') w) AS notified,
        (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted
-"#;
+"#
+);
+
+/// The outcome to apply: the step's own, or `stop` "cancelled" if the instance was
+/// cancelled while the step ran.
+fn effective<'x>(c: &'x Commit<'_>, cancelled: &HashSet<i64>, stop: &'x Outcome) -> &'x Outcome {
+    if cancelled.contains(&c.id) {
+        stop
+    } else {
+        &c.output.outcome
+    }
+}
 
 /// One outcome to commit: the row and lease it belongs to, and what the step produced.
 #[derive(Debug)]
@@ -124,14 +126,17 @@ pub(crate) async fn commit(
 ) -> Result<HashSet<i64>> {
     let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
     let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
-    let fenced: HashSet<i64> = sqlx::query_scalar(FENCE)
+    let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
         .bind(&ids)
         .bind(&epochs)
         .bind(node)
         .fetch_all(&mut *conn)
-        .await?
-        .into_iter()
-        .collect();
+        .await?;
+    let fenced: HashSet<i64> = rows.iter().map(|(id, _)| *id).collect();
+    let cancelled: HashSet<i64> = rows.iter().filter(|(_, c)| *c).map(|(id, _)| *id).collect();
+    let cancel_stop = Outcome::Stop {
+        reason: "cancelled".to_string(),
+    };
     let live: Vec<&Commit<'_>> = batch.iter().filter(|c| fenced.contains(&c.id)).collect();
     if live.is_empty() {
         return Ok(fenced);
@@ -140,8 +145,9 @@ pub(crate) async fn commit(
     // Children first, so each parent's counter is what was actually inserted.
     let mut rows: Vec<NewInstance> = Vec::new();
     let mut parents: Vec<Option<i64>> = Vec::new();
+    let outcome_of = |c| effective(c, &cancelled, &cancel_stop);
     for c in &live {
-        if let Outcome::ScheduleChilds { children, .. } = &c.output.outcome {
+        if let Outcome::ScheduleChilds { children, .. } = outcome_of(c) {
             rows.extend(children.iter().cloned());
             parents.extend(std::iter::repeat_n(Some(c.id), children.len()));
         }
@@ -168,12 +174,16 @@ pub(crate) async fn commit(
     let mut seen: Vec<i64> = Vec::new();
     for c in &live {
         let out = c.output;
+        let outcome = outcome_of(c);
         a_id.push(c.id);
-        a_kind.push(out.outcome.kind());
+        a_kind.push(outcome.kind());
         a_state.push(&out.state);
-        a_error.push(out.error.as_deref());
+        a_error.push(match outcome {
+            Outcome::Stop { reason } => Some(reason.as_str()),
+            _ => out.error.as_deref(),
+        });
         a_children.push(spawned.get(&c.id).copied().unwrap_or(0));
-        let (step, result, delay, awaits) = match &out.outcome {
+        let (step, result, delay, awaits) = match outcome {
             Outcome::Next { step } => (Some(*step), None, None, None),
             Outcome::Replay { delay } => (None, None, Some(millis(*delay)), None),
             Outcome::Await {
@@ -195,7 +205,7 @@ pub(crate) async fn commit(
         a_result.push(result);
         a_delay.push(delay);
         a_awaits.push(awaits);
-        match out.outcome {
+        match outcome {
             Outcome::Next { .. } | Outcome::ScheduleChilds { .. } => {
                 consumed.extend_from_slice(&out.awaited)
             }

@@ -1,0 +1,201 @@
+//! Children (spec §6): fan-out with the parent's park in one transaction, fan-in once
+//! per child, the barrier waits for termination, nesting.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{column, count, finished, status, Count};
+use gen_durable::{Child, Client, Engine, QueueConfig, Registry, Step};
+use gen_durable_testkit::TestDb;
+use serde_json::json;
+
+test_fsm!(Leaf, state = Count, queue = "fan", version = 1, {
+    Run => "run" |ctx| {
+        if ctx.state.n < 0 { return Ok(Step::stop(format!("leaf {} refused", ctx.state.n))); }
+        Ok(Step::done(json!(ctx.state.n * 10)))
+    },
+});
+
+test_fsm!(Parent, state = Count, queue = "fan", version = 1, {
+    Spawn => "spawn" |ctx| {
+        let kids: Vec<Child> = (0..ctx.state.n)
+            .map(|i| Child::new::<Leaf>(Count { n: if ctx.state.log.contains(&"fail-one".to_string()) && i == 1 { -1 } else { i }, ..Default::default() }))
+            .collect();
+        Ok(Step::schedule_childs(kids, Parent::Sum))
+    },
+    Sum => "sum" |ctx| {
+        let total = ctx.childs().len();
+        let done = ctx.childs().iter().filter(|c| c.status == gen_durable::Status::Done).count();
+        let failed = ctx.childs().iter().filter(|c| c.status == gen_durable::Status::Failed).count();
+        let sum: i64 = ctx.childs().iter().filter_map(|c| c.result.as_ref().and_then(|r| r.as_i64())).sum();
+        ctx.state.log.push("summed".into());
+        Ok(Step::done(json!({ "total": total, "done": done, "failed": failed, "sum": sum })))
+    },
+});
+
+test_fsm!(Grand, state = Count, queue = "fan", version = 1, {
+    Spawn => "spawn" |_ctx| {
+        Ok(Step::schedule_childs(vec![
+            Child::new::<Parent>(Count { n: 2, ..Default::default() }),
+            Child::new::<Parent>(Count { n: 3, ..Default::default() }),
+        ], Grand::Sum))
+    },
+    Sum => "sum" |ctx| {
+        let sums: i64 = ctx.childs().iter().map(|c| c.result.as_ref().unwrap()["sum"].as_i64().unwrap()).sum();
+        Ok(Step::done(json!({ "children": ctx.childs().len(), "sum": sums })))
+    },
+});
+
+test_fsm!(Dedup, state = Count, queue = "fan", version = 1, {
+    Spawn => "spawn" |_ctx| {
+        Ok(Step::schedule_childs(vec![
+            Child::new::<Leaf>(Count::default()).unique_key("same"),
+            Child::new::<Leaf>(Count::default()).unique_key("same"),
+        ], Dedup::Sum))
+    },
+    Sum => "sum" |ctx| { Ok(Step::done(json!(ctx.childs().len()))) },
+});
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register::<Leaf>();
+    r.register::<Parent>();
+    r.register::<Grand>();
+    r.register::<Dedup>();
+    r
+}
+
+async fn engine(db: &TestDb, concurrency: usize) -> Engine {
+    Engine::builder(db.pool().clone())
+        .registry(registry())
+        .queue_with(
+            "fan",
+            QueueConfig::new(concurrency).poll_interval(Duration::from_millis(50)),
+        )
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn four_children_all_done_and_one_failing() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db, 4).await;
+    let ok = gd
+        .insert::<Parent>(Count {
+            n: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mixed = gd
+        .insert::<Parent>(Count {
+            n: 3,
+            log: vec!["fail-one".into()],
+        })
+        .await
+        .unwrap();
+    assert_eq!(finished(db.pool(), ok, 20).await, "done");
+    assert_eq!(
+        column(db.pool(), ok, "result").await.as_deref(),
+        Some(r#"{"sum": 60, "done": 4, "total": 4, "failed": 0}"#)
+    );
+    assert_eq!(finished(db.pool(), mixed, 20).await, "done");
+    assert_eq!(
+        column(db.pool(), mixed, "result").await.as_deref(),
+        Some(r#"{"sum": 20, "done": 2, "total": 3, "failed": 1}"#)
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_instances WHERE parent_id = {ok}")
+        )
+        .await,
+        4
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn zero_children_go_on_at_once_and_dropped_duplicates_are_not_waited_for() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db, 2).await;
+    let none = gd.insert::<Parent>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), none, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), none, "result->>'total'").await.as_deref(),
+        Some("0")
+    );
+    let dedup = gd.insert::<Dedup>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), dedup, 10).await, "done");
+    assert_eq!(
+        column(db.pool(), dedup, "result").await.as_deref(),
+        Some("1"),
+        "one of two same-key children inserted"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn two_levels_of_nesting() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = engine(&db, 4).await;
+    let id = gd.insert::<Grand>(Count::default()).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 20).await, "done");
+    // (0 + 10) + (0 + 10 + 20)
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"sum": 40, "children": 2}"#)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn ten_thousand_children_wake_the_parent_exactly_once() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = Engine::builder(db.pool().clone())
+        .registry(registry())
+        .queue_with(
+            "fan",
+            QueueConfig::new(50).poll_interval(Duration::from_millis(50)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let id = gd
+        .insert::<Parent>(Count {
+            n: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(finished(db.pool(), id, 120).await, "done");
+    assert_eq!(
+        column(db.pool(), id, "result->>'total'").await.as_deref(),
+        Some("10000")
+    );
+    assert_eq!(
+        column(db.pool(), id, "result->>'done'").await.as_deref(),
+        Some("10000")
+    );
+    // The Sum step ran once: one "summed" in the log, attempt 0, counter at zero.
+    assert_eq!(
+        column(db.pool(), id, "state->'log'").await.as_deref(),
+        Some(r#"["summed"]"#)
+    );
+    assert_eq!(
+        column(db.pool(), id, "children_pending").await.as_deref(),
+        Some("0")
+    );
+    assert_eq!(status(db.pool(), id).await, "done");
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
