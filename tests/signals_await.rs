@@ -210,3 +210,100 @@ async fn no_wake_up_is_lost_when_delivery_races_parking() {
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }
+
+test_fsm!(Replays, state = Count, queue = "w", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["go"], Replays::Use)) },
+    Use => "use" |ctx| {
+        ctx.state.log.push(format!("saw {}", ctx.awaited().len()));
+        if ctx.attempt() == 0 { return Ok(Step::replay(Duration::from_millis(10))); }
+        Ok(Step::done(json!(ctx.awaited()[0].payload()["v"].clone())))
+    },
+});
+
+static GATE: std::sync::OnceLock<std::sync::Arc<tokio::sync::Notify>> = std::sync::OnceLock::new();
+static IN_STEP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+test_fsm!(Twice, state = Count, queue = "w2", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["go"], Twice::First)) },
+    First => "first" |ctx| {
+        IN_STEP.store(true, std::sync::atomic::Ordering::SeqCst);
+        GATE.get_or_init(Default::default).notified().await;
+        ctx.state.log.push(ctx.awaited()[0].payload()["v"].to_string());
+        // Progress: consumes exactly what it received (v=1), by id.
+        Ok(Step::next(Twice::Again))
+    },
+    Again => "again" |_ctx| { Ok(Step::await_signal(["go"], Twice::Second)) },
+    Second => "second" |ctx| {
+        let vs: Vec<String> = ctx.awaited().iter().map(|s| s.payload()["v"].to_string()).collect();
+        Ok(Step::done(json!({ "first": ctx.state.log[0].clone(), "second": vs })))
+    },
+});
+
+#[tokio::test]
+async fn a_replay_re_sees_the_awaited_signal() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let engine = Engine::builder(db.pool().clone())
+        .registry({
+            let mut r = registry();
+            r.register::<Replays>();
+            r
+        })
+        .queue_with(
+            "w",
+            QueueConfig::new(2).poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let id = gd.insert::<Replays>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    gd.signal(id, "go", json!({ "v": 5 })).await.unwrap();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    assert_eq!(column(db.pool(), id, "result").await.as_deref(), Some("5"));
+    assert_eq!(
+        column(db.pool(), id, "state->'log'").await.as_deref(),
+        Some(r#"["saw 1", "saw 1"]"#)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_same_name_signal_arriving_during_the_step_survives_its_consumption() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let mut reg = Registry::new();
+    reg.register::<Twice>();
+    let engine = Engine::builder(db.pool().clone())
+        .registry(reg)
+        .queue_with(
+            "w2",
+            QueueConfig::new(1).poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let id = gd.insert::<Twice>(Count::default()).await.unwrap();
+    parked(&db, id).await;
+    gd.signal(id, "go", json!({ "v": 1 })).await.unwrap();
+    eventually(10, "first step running", || async {
+        IN_STEP.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    // Arrives while `first` runs with only v=1 in its inbox.
+    gd.signal(id, "go", json!({ "v": 2 })).await.unwrap();
+    GATE.get_or_init(Default::default).notify_one();
+    assert_eq!(finished(db.pool(), id, 10).await, "done");
+    // `first` consumed v=1 only; v=2 survived and woke the next await at once.
+    assert_eq!(
+        column(db.pool(), id, "result").await.as_deref(),
+        Some(r#"{"first": "1", "second": ["2"]}"#)
+    );
+    assert_eq!(
+        common::count(db.pool(), "SELECT count(*) FROM gd_signals").await,
+        0
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
