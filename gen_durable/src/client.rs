@@ -216,7 +216,9 @@ impl<F: Fsm> Entry<F> {
 
     insert_option_setters!();
 
-    fn into_row(self) -> Result<NewInstance> {
+    /// Resolves the entry into the row it inserts (FSM identity, state as JSON, options);
+    /// the in-memory testkit inserts these.
+    pub fn into_new_instance(self) -> Result<NewInstance> {
         let state = serde_json::to_value(&self.state)?;
         let entry = FsmEntry::of::<F>();
         if let Some(step) = &self.opts.step {
@@ -245,7 +247,7 @@ pub struct Insert<'c, F: Fsm> {
 impl<'c, F: Fsm> Insert<'c, F> {
     /// Runs the insert on `db` (a pool, a connection or `&mut *tx`).
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
-        let row = self.entry.into_row()?;
+        let row = self.entry.into_new_instance()?;
         self.client.insert_one(db, row).await
     }
 }
@@ -300,7 +302,7 @@ impl<F: Fsm> InsertAll<'_, F> {
         let rows = self
             .entries
             .into_iter()
-            .map(Entry::into_row)
+            .map(Entry::into_new_instance)
             .collect::<Result<Vec<_>>>()?;
         if rows.is_empty() {
             return Ok(Vec::new());

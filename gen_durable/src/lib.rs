@@ -23,6 +23,8 @@ mod status;
 mod store;
 mod telemetry;
 
+// The operator CLI behind the `gen_durable` binary; not part of the library API.
+
 pub use client::{
     Client, Delivery, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };

@@ -189,7 +189,10 @@ impl Instance {
         want.sort();
         have.sort();
         if self.status != Status::AwaitingSignal || want != have {
-            panic!("expected awaiting_signal on {want:?}, but {}", self.describe());
+            panic!(
+                "expected awaiting_signal on {want:?}, but {}",
+                self.describe()
+            );
         }
         self
     }

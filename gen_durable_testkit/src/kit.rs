@@ -23,15 +23,19 @@ pub fn epoch() -> DateTime<Utc> {
         .expect("a valid instant")
 }
 
+/// What a cancel did; the same fields as the `Cancelled` that `Client::cancel` returns
+/// (which `gen_durable` does not re-export yet, so the kit cannot name it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancelled {
+    /// Instances (the target and live descendants) failed at once.
+    pub failed: usize,
+    /// Executing instances that will fail after their current step: always 0 in the
+    /// kit, where no step runs between calls.
+    pub after_current_step: usize,
+}
+
 /// The default `max_steps` of one `run_until_idle`.
 pub const DEFAULT_MAX_STEPS: usize = 10_000;
-
-/// What a cancel did: the instance and every live descendant it failed, the instance first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cancelled {
-    /// The ids failed with "cancelled".
-    pub ids: Vec<i64>,
-}
 
 /// The in-memory engine: runs the same FSM and job types as the Postgres engine,
 /// through the same step runner ([`FsmEntry::run`]), committing each outcome with the
@@ -150,13 +154,13 @@ impl TestKit {
     pub fn insert_all<F: Fsm>(
         &mut self,
         entries: impl IntoIterator<Item = KitEntry<F>>,
-    ) -> Result<Vec<i64>> {
+    ) -> Ready<Result<Vec<i64>>> {
         self.registry.register::<F>();
         let rows = entries
             .into_iter()
             .map(KitEntry::into_row)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(self.insert_rows(rows))
+            .collect::<Result<Vec<_>>>();
+        ready(rows.map(|rows| self.insert_rows(rows)))
     }
 
     /// Inserts an instance by FSM name and version, checked against the registry like
@@ -268,10 +272,15 @@ impl TestKit {
         }
     }
 
-    /// Cancels a live instance: it fails with "cancelled" at once (its inbox deleted,
-    /// its parent counted down) and so does every live descendant. `NotFound` for an
-    /// unknown id, `Finished` for a terminal one.
-    pub fn cancel(&mut self, id: i64) -> Result<Cancelled> {
+    /// Cancels a live instance, like `Client::cancel`: it fails with "cancelled" at once
+    /// (its inbox deleted, its parent counted down) and so does every live descendant.
+    /// `NotFound` for an unknown id, `Finished` for a terminal one. No step runs between
+    /// the kit's calls, so `after_current_step` is always 0.
+    pub fn cancel(&mut self, id: i64) -> Ready<Result<Cancelled>> {
+        ready(self.cancel_now(id))
+    }
+
+    fn cancel_now(&mut self, id: i64) -> Result<Cancelled> {
         let status = self.status_of(id)?;
         if status.is_terminal() {
             return Err(Error::Finished {
@@ -281,13 +290,19 @@ impl TestKit {
         }
         let now = self.now();
         Ok(Cancelled {
-            ids: self.store.cancel(id, now),
+            failed: self.store.cancel(id, now),
+            after_current_step: 0,
         })
     }
 
-    /// Makes a failed instance runnable again at its step, now, with `attempt` 0.
-    /// `NotFound` for an unknown id, `WrongStatus` unless it is `failed`.
-    pub fn retry(&mut self, id: i64) -> Result<()> {
+    /// Makes a failed instance runnable again at its step, now, with `attempt` 0, like
+    /// `Client::retry`. `NotFound` for an unknown id, `WrongStatus` unless it is
+    /// `failed`, `Duplicate` if its unique key was taken since it failed.
+    pub fn retry(&mut self, id: i64) -> Ready<Result<()>> {
+        ready(self.retry_now(id))
+    }
+
+    fn retry_now(&mut self, id: i64) -> Result<()> {
         let status = self.status_of(id)?;
         if status != Status::Failed {
             return Err(Error::WrongStatus {
@@ -297,8 +312,9 @@ impl TestKit {
             });
         }
         let now = self.now();
-        self.store.retry(id, now);
-        Ok(())
+        self.store.retry(id, now).map_err(|()| Error::Duplicate {
+            key: format!("(the unique key of instance {id})"),
+        })
     }
 
     fn status_of(&self, id: i64) -> Result<Status> {
@@ -669,7 +685,11 @@ impl<F: Fsm> IntoFuture for KitInsert<'_, F> {
     type IntoFuture = Ready<Result<i64>>;
     fn into_future(self) -> Self::IntoFuture {
         self.kit.registry.register::<F>();
-        ready(self.entry.into_row().and_then(|row| self.kit.insert_one(row)))
+        ready(
+            self.entry
+                .into_row()
+                .and_then(|row| self.kit.insert_one(row)),
+        )
     }
 }
 

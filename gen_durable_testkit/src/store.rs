@@ -173,7 +173,8 @@ impl Store {
                 (None, None) => a.cmp(&b),
             }
         });
-        let mut slots: Vec<Option<(NewInstance, Option<i64>)>> = rows.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<(NewInstance, Option<i64>)>> =
+            rows.into_iter().map(Some).collect();
         let mut inserted = Vec::new();
         for i in order {
             let (new, parent) = slots[i].take().expect("each row once");
@@ -423,45 +424,69 @@ impl Store {
         }
     }
 
-    /// Cancel: a live instance fails with "cancelled" at once, like a terminal commit
-    /// (inbox deleted, parent counted down), and so do its live descendants. Returns
-    /// every id it cancelled, the instance first.
-    pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> Vec<i64> {
-        let mut cancelled = Vec::new();
-        let mut todo = vec![id];
-        while let Some(next) = todo.pop() {
-            let Some(row) = self.rows.get_mut(&next) else {
-                continue;
-            };
-            if row.status.is_terminal() {
-                continue;
-            }
-            row.status = Status::Failed;
-            row.last_error = Some("cancelled".to_string());
-            row.await_deadline = None;
-            let parent = row.parent_id;
-            self.finished(next, parent, now);
-            cancelled.push(next);
-            let mut kids: Vec<i64> = self
-                .children(next)
+    /// Cancel (`store::pg::control`, CANCEL_TREE then CANCEL_APPLY): the instance and
+    /// its live descendants fail with "cancelled" at once — their inboxes go, and a
+    /// parent outside the tree counts each of its cancelled children down (waking at
+    /// zero), while counters inside the tree are left as they were. Returns how many
+    /// failed. The kit runs no step between calls, so none is `executing`.
+    pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> usize {
+        let mut tree = vec![id];
+        let mut i = 0;
+        while i < tree.len() {
+            let live: Vec<i64> = self
+                .children(tree[i])
                 .filter(|c| !c.status.is_terminal())
                 .map(|c| c.id)
                 .collect();
-            kids.reverse();
-            todo.extend(kids);
+            tree.extend(
+                live.into_iter()
+                    .filter(|c| !tree.contains(c))
+                    .collect::<Vec<_>>(),
+            );
+            i += 1;
         }
-        cancelled
+        tree.sort_unstable();
+        let mut failed = Vec::new();
+        for &t in &tree {
+            let row = self.rows.get_mut(&t).expect("tree rows exist");
+            if matches!(
+                row.status,
+                Status::Runnable | Status::AwaitingSignal | Status::AwaitingChildren
+            ) {
+                row.status = Status::Failed;
+                row.last_error = Some("cancelled".to_string());
+                row.await_deadline = None;
+                failed.push((t, row.parent_id));
+            }
+        }
+        for &(t, parent) in &failed {
+            let outside = parent.filter(|p| !tree.contains(p));
+            self.finished(t, outside, now);
+        }
+        failed.len()
     }
 
-    /// Retry: a failed instance is runnable again at the step it failed in, now, with
-    /// `attempt` reset.
-    pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) {
-        if let Some(row) = self.rows.get_mut(&id) {
-            row.status = Status::Runnable;
-            row.attempt = 0;
-            row.eligible_at = now;
-            row.awaits.clear();
-            row.await_deadline = None;
+    /// RETRY: a failed instance is runnable again at the step it failed in, now, with
+    /// `attempt` and `children_pending` reset and nothing awaited. `Err(())` if its
+    /// unique key is taken meanwhile (the guard's unique index refuses the update).
+    pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) -> Result<(), ()> {
+        let row = self.rows.get(&id).expect("checked by the caller");
+        if let Some(key) = guard(&row.unique_key, &row.unique_scope, Status::Runnable) {
+            if self
+                .rows
+                .values()
+                .any(|r| r.id != id && r.guard() == Some(key))
+            {
+                return Err(());
+            }
         }
+        let row = self.rows.get_mut(&id).expect("checked above");
+        row.status = Status::Runnable;
+        row.attempt = 0;
+        row.children_pending = 0;
+        row.awaits.clear();
+        row.await_deadline = None;
+        row.eligible_at = now;
+        Ok(())
     }
 }

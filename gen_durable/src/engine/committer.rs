@@ -41,6 +41,7 @@ pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Resul
     let mut tries = 0;
     loop {
         let attempt = async {
+            fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
             let mut tx = shared.pool.begin().await?;
             let fenced = outcome::commit(
                 &mut tx,
@@ -50,6 +51,7 @@ pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Resul
             )
             .await?;
             tx.commit().await?;
+            fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
             Ok::<_, Error>(fenced)
         };
         match attempt.await {
@@ -61,6 +63,15 @@ pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Resul
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// The error a failpoint injects (only with the `failpoints` feature).
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn injected(at: &str) -> Error {
+    Error::CommitFailed {
+        id: 0,
+        reason: format!("failpoint: injected failure {at}"),
     }
 }
 

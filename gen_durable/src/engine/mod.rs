@@ -174,6 +174,12 @@ impl EngineBuilder {
     /// Validates the configuration and starts every service.
     pub async fn start(self) -> Result<Engine> {
         self.cfg.validate()?;
+        if self.pool.options().get_max_connections() < 2 {
+            return Err(Error::InvalidConfig(
+                "the engine's pool needs at least 2 connections: one stays on LISTEN for wake-ups"
+                    .into(),
+            ));
+        }
         if self.queues.is_empty() {
             return Err(Error::InvalidConfig(
                 "an engine needs at least one queue: .queue(name, concurrency)".into(),

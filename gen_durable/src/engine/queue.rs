@@ -124,6 +124,10 @@ impl QueueRunner {
                 }
             };
             let count = rows.len();
+            // Rows are claimed (leases recorded in the database) but not yet known here.
+            if count > 0 {
+                fail::fail_point!("gd::after_claim");
+            }
             self.shared.telemetry.emit(Event::PickStop {
                 count,
                 demand,
@@ -366,6 +370,9 @@ async fn commit(shared: &Shared, id: i64, epoch: i64, mut output: StepOutput) ->
         }];
         // One try: an error aborts the step's own transaction, and with it the writes
         // the outcome was to commit with. The row runs again after its lease expires.
+        fail::fail_point!("gd::before_commit", |_| Err(super::committer::injected(
+            "before commit"
+        )));
         let fenced = outcome::commit(
             &mut tx,
             &shared.cfg.node_id,
@@ -375,6 +382,9 @@ async fn commit(shared: &Shared, id: i64, epoch: i64, mut output: StepOutput) ->
         .await?;
         if fenced.contains(&id) {
             tx.commit().await?;
+            fail::fail_point!("gd::after_commit", |_| Err(super::committer::injected(
+                "after commit"
+            )));
             return Ok(true);
         }
         tx.rollback().await.ok();

@@ -18,10 +18,11 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         match lease::expire_awaits(&shared.pool, BATCH, shared.clock.now_param()).await {
             Ok(n) if n == BATCH => wait = Duration::ZERO,
             Ok(_) => {
-                if let Ok(Some(next)) = lease::next_deadline(&shared.pool).await {
-                    let now = shared.clock.now_param().unwrap_or_else(chrono::Utc::now);
-                    let until = (next - now).to_std().unwrap_or(Duration::ZERO);
-                    wait = wait.min(until + Duration::from_millis(1));
+                if let Ok(Some(ms)) =
+                    lease::next_deadline_ms(&shared.pool, shared.clock.now_param()).await
+                {
+                    let until = Duration::from_millis(ms.max(0) as u64 + 1);
+                    wait = wait.min(until);
                 }
             }
             Err(e) => {

@@ -176,11 +176,19 @@ pub(crate) async fn expire_awaits<'e>(
     Ok(n)
 }
 
-/// The earliest await deadline, so the timeout service can sleep until it.
+/// Milliseconds until the earliest await deadline, by the database clock (never the
+/// worker's), so the timeout service can sleep until it.
 const NEXT_DEADLINE: &str = r#"
-SELECT min(await_deadline) FROM gd_instances WHERE status = 'awaiting_signal' AND await_deadline IS NOT NULL
+SELECT (extract(epoch FROM min(await_deadline) - coalesce($1, now())) * 1000)::int8
+  FROM gd_instances WHERE status = 'awaiting_signal' AND await_deadline IS NOT NULL
 "#;
 
-pub(crate) async fn next_deadline<'e>(db: impl PgExecutor<'e>) -> Result<Option<DateTime<Utc>>> {
-    Ok(sqlx::query_scalar(NEXT_DEADLINE).fetch_one(db).await?)
+pub(crate) async fn next_deadline_ms<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(NEXT_DEADLINE)
+        .bind(now)
+        .fetch_one(db)
+        .await?)
 }

@@ -1,0 +1,270 @@
+//! The chaos soak (issue 9): N three-step instances over W worker processes while a
+//! random worker is SIGKILLed every 10–30 s and PostgreSQL is restarted every 30–60 s.
+//! Each step writes an audit row through `ctx.transaction()`. At the end an invariant
+//! checker reports, and the exit code is non-zero if any invariant is broken:
+//! instances not `done` (0), (instance, step) audited ≠ 1 time (0), sessions
+//! `idle in transaction` (0), advisory locks held (0); plus each kill's recovery time.
+//!
+//! ```sh
+//! cargo run --release --bin gd_soak -- --instances 5000 --workers 4 --seconds 600
+//! cargo run --release --bin gd_soak -- --instances 1000 --seconds 120   # the CI version
+//! ```
+//! Options: `--kill-min/--kill-max` (s, default 10/30), `--restart-min/--restart-max`
+//! (s, default 30/60; `--no-pg-restart` to skip), `--step-ms` (default 20),
+//! `--database-url` (a server; the soak uses its own database `gen_durable_soak`).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gen_durable::{Client, Entry};
+use gen_durable_suite::fsms::{create_audit_table, Audited, Plan};
+use gen_durable_suite::worker::Args;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use tokio::process::{Child, Command};
+
+/// A tiny deterministic generator (xorshift), so a run can be repeated with `--seed`.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+struct Soak {
+    url: String,
+    worker_exe: std::path::PathBuf,
+}
+
+impl Soak {
+    fn spawn(&self, node: &str) -> Child {
+        Command::new(&self.worker_exe)
+            .args(["--database-url", &self.url, "--node", node])
+            .args([
+                "--lease-ttl-ms",
+                "3000",
+                "--reaper-ms",
+                "250",
+                "--poll-ms",
+                "100",
+            ])
+            .args(["--concurrency", "16", "--pool", "6"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn gd_worker (build it with `cargo build --bins`)")
+    }
+}
+
+async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    loop {
+        match sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await {
+            Ok(v) => return v,
+            // PostgreSQL may be restarting: try again shortly.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+fn restart_postgres() -> bool {
+    let Some(ver) = std::fs::read_dir("/etc/postgresql").ok().and_then(|d| {
+        d.filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .max()
+    }) else {
+        eprintln!("soak: no /etc/postgresql: cannot restart PostgreSQL here; skipping restarts");
+        return false;
+    };
+    std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &ver, "main", "restart"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse(std::env::args().skip(1));
+    let instances = args.num("instances", 5000) as usize;
+    let workers = args.num("workers", 4) as usize;
+    let seconds = args.num("seconds", 600);
+    let (kill_min, kill_max) = (args.num("kill-min", 10), args.num("kill-max", 30));
+    let (restart_min, restart_max) = (args.num("restart-min", 30), args.num("restart-max", 60));
+    let pg_restarts = args.str("no-pg-restart").is_none();
+    let mut rng = Rng(args.num("seed", 0x5eed) | 1);
+
+    let server = args
+        .str("database-url")
+        .map(str::to_string)
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let server_opts: PgConnectOptions = server.parse()?;
+    let mut admin = server_opts.connect().await?;
+    sqlx::query("DROP DATABASE IF EXISTS gen_durable_soak WITH (FORCE)")
+        .execute(&mut admin)
+        .await?;
+    sqlx::query("CREATE DATABASE gen_durable_soak")
+        .execute(&mut admin)
+        .await?;
+    let (base, _) = server
+        .rsplit_once('/')
+        .ok_or("DATABASE_URL needs a database part")?;
+    let url = format!("{base}/gen_durable_soak");
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await?;
+    gen_durable::migrate(&pool).await?;
+    create_audit_table(&pool).await?;
+
+    let gd = Client::new(pool.clone());
+    let plan = Plan {
+        step_ms: args.num("step-ms", 20),
+        ..Default::default()
+    };
+    for chunk in (0..instances).collect::<Vec<_>>().chunks(5000) {
+        gd.insert_all::<Audited>(chunk.iter().map(|_| Entry::new(plan.clone())))
+            .await?;
+    }
+    println!("soak: {instances} instances × 3 steps over {workers} workers, up to {seconds}s");
+
+    let soak = Soak {
+        url,
+        worker_exe: std::env::current_exe()?.with_file_name("gd_worker"),
+    };
+    let mut procs: Vec<(String, Child)> = (0..workers)
+        .map(|i| {
+            let node = format!("soak-{i}-0");
+            let child = soak.spawn(&node);
+            (node, child)
+        })
+        .collect();
+
+    let started = Instant::now();
+    let mut next_kill = started + Duration::from_secs(rng.between(kill_min, kill_max));
+    let mut next_restart = started + Duration::from_secs(rng.between(restart_min, restart_max));
+    let mut kills = 0u32;
+    let mut restarts = 0u32;
+    let mut recoveries: Vec<(String, Duration)> = Vec::new();
+    let mut pending_recovery: Vec<(String, Instant)> = Vec::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let open = scalar(
+            &pool,
+            "SELECT count(*) FROM gd_instances WHERE status <> 'done'",
+        )
+        .await;
+        // Recovery time: from a kill until none of the dead node's rows is still held.
+        let mut still = Vec::new();
+        for (node, at) in pending_recovery.drain(..) {
+            let held = scalar(
+                &pool,
+                &format!("SELECT count(*) FROM gd_instances WHERE locked_by = '{node}' AND status = 'executing'"),
+            )
+            .await;
+            if held == 0 {
+                recoveries.push((node, at.elapsed()));
+            } else {
+                still.push((node, at));
+            }
+        }
+        pending_recovery = still;
+        if open == 0 && pending_recovery.is_empty() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(seconds) {
+            eprintln!("soak: time limit reached with {open} instances not done");
+            break;
+        }
+        let now = Instant::now();
+        if now >= next_kill && open > 0 {
+            let i = (rng.next() % workers as u64) as usize;
+            let (node, mut child) = procs.remove(i);
+            child.start_kill()?;
+            child.wait().await?;
+            kills += 1;
+            println!(
+                "soak: t={:.1}s SIGKILL {node}",
+                started.elapsed().as_secs_f64()
+            );
+            pending_recovery.push((node, now));
+            let node = format!("soak-{i}-{kills}");
+            procs.insert(i, (node.clone(), soak.spawn(&node)));
+            next_kill = now + Duration::from_secs(rng.between(kill_min, kill_max));
+        }
+        if pg_restarts && now >= next_restart && open > 0 {
+            println!(
+                "soak: t={:.1}s restarting PostgreSQL",
+                started.elapsed().as_secs_f64()
+            );
+            if restart_postgres() {
+                restarts += 1;
+            }
+            next_restart = now + Duration::from_secs(rng.between(restart_min, restart_max));
+        }
+    }
+    let elapsed = started.elapsed();
+    for (_, mut child) in procs {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+
+    let not_done = scalar(
+        &pool,
+        "SELECT count(*) FROM gd_instances WHERE status <> 'done'",
+    )
+    .await;
+    let wrong_audit = scalar(
+        &pool,
+        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit GROUP BY 1, 2 HAVING count(*) <> 1) x",
+    )
+    .await;
+    let missing_audit = scalar(
+        &pool,
+        "SELECT count(*) FROM gd_instances i CROSS JOIN (VALUES ('one'), ('two'), ('three')) s(step)
+          WHERE NOT EXISTS (SELECT 1 FROM gd_audit a WHERE a.instance = i.id AND a.step = s.step)",
+    )
+    .await;
+    let idle_in_tx = scalar(
+        &pool,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = 'gen_durable_soak' AND state LIKE 'idle in transaction%'",
+    )
+    .await;
+    let advisory = scalar(
+        &pool,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+    )
+    .await;
+    let max_recovery = recoveries.iter().map(|r| r.1).max().unwrap_or_default();
+    let summary = serde_json::json!({
+        "instances": instances, "workers": workers, "secs": elapsed.as_secs_f64(),
+        "kills": kills, "pg_restarts": restarts,
+        "not_done": not_done, "audit_not_once": wrong_audit, "audit_missing": missing_audit,
+        "idle_in_transaction": idle_in_tx, "advisory_locks": advisory,
+        "recovery_secs": recoveries.iter().map(|r| r.1.as_secs_f64()).collect::<Vec<_>>(),
+        "max_recovery_secs": max_recovery.as_secs_f64(),
+    });
+    println!("{summary}");
+    let ok =
+        not_done == 0 && wrong_audit == 0 && missing_audit == 0 && idle_in_tx == 0 && advisory == 0;
+    println!(
+        "soak: {}",
+        if ok {
+            "all invariants hold"
+        } else {
+            "INVARIANT BROKEN"
+        }
+    );
+    pool.close().await;
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! One conformance suite, two backends: every scenario in `tests/conformance/` runs
+//! against the in-memory `TestKit` (`conformance::kit::…`) and against the Postgres
+//! engine on a manual clock (`conformance::pg::…`), so the kit cannot drift from the
+//! engine. `tests/conformance/kit_only.rs` holds what only the kit has (determinism,
+//! the runaway guard, assertion messages).
+//!
+//! ```sh
+//! cargo test --test conformance kit::   # the kit only
+//! cargo test --test conformance pg::    # Postgres only
+//! ```
+
+mod common;
+
+#[path = "conformance/backend.rs"]
+mod backend;
+#[path = "conformance/children.rs"]
+mod children;
+#[path = "conformance/fsms.rs"]
+mod fsms;
+#[path = "conformance/kit_only.rs"]
+mod kit_only;
+#[path = "conformance/outcomes.rs"]
+mod outcomes;
+#[path = "conformance/scheduling.rs"]
+mod scheduling;
+#[path = "conformance/signals.rs"]
+mod signals;
+
+use backend::Backend;
+
+/// Declares every scenario once; generates one test per backend.
+macro_rules! conformance {
+    ($($module:ident :: $name:ident),+ $(,)?) => {
+        mod kit {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let mut b = crate::backend::Kit::new(stringify!($name));
+                    crate::$module::$name(&mut b).await;
+                    crate::Backend::close(b).await;
+                }
+            )+
+        }
+        mod pg {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let mut b = crate::backend::Pg::new(stringify!($name)).await;
+                    crate::$module::$name(&mut b).await;
+                    crate::Backend::close(b).await;
+                }
+            )+
+        }
+        /// Every scenario's name, for the count check.
+        pub const SCENARIOS: &[&str] = &[$(stringify!($name)),+];
+    };
+}
+
+conformance! {
+    outcomes::next_runs_steps_in_order_and_resets_attempt,
+    outcomes::replay_waits_for_the_clock_and_counts_attempts,
+    outcomes::await_parks_until_a_matching_signal,
+    outcomes::schedule_childs_with_no_children_continues_at_once,
+    outcomes::done_records_the_result_and_deletes_the_inbox,
+    outcomes::stop_fails_keeping_attempt_and_deleting_the_inbox,
+    outcomes::an_err_goes_to_handle,
+    outcomes::a_panic_goes_to_handle,
+    outcomes::a_failing_handle_fails_the_instance,
+    outcomes::the_default_handle_stops_with_the_error,
+    outcomes::handle_sees_the_last_committed_state,
+    outcomes::an_uncastable_state_fails_without_handle,
+    outcomes::ctx_now_is_the_clock,
+    signals::signal_errors_store_nothing,
+    signals::a_stray_signal_does_not_wake_and_stays,
+    signals::a_signal_before_parking_wakes_at_commit,
+    signals::an_any_of_await_takes_the_signal_sent,
+    signals::re_awaiting_accumulates_without_a_busy_loop,
+    signals::dedup_key_stores_once_while_stored,
+    signals::replay_re_sees_the_awaited_signal,
+    signals::a_same_name_signal_during_a_step_survives_consumption,
+    signals::await_timeout_fires_only_when_the_clock_passes_it,
+    signals::a_signal_beats_the_timeout,
+    children::four_children_done_wake_the_parent,
+    children::a_failing_child_is_counted_not_fatal,
+    children::the_parent_waits_for_every_child,
+    children::children_nest_two_levels,
+    children::children_dropped_by_uniqueness_are_not_awaited,
+    scheduling::priorities_order_the_runs,
+    scheduling::schedule_in_is_never_early,
+    scheduling::insert_at_a_named_step_and_reject_unknown_steps,
+    scheduling::unique_key_default_scope_frees_at_terminal,
+    scheduling::unique_scope_frees_when_status_leaves_it,
+    scheduling::insert_all_drops_stored_and_batch_duplicates_not_null_keys,
+    scheduling::cancel_fails_a_parked_instance_and_its_children,
+    scheduling::cancelling_a_child_counts_its_parent_down,
+    scheduling::retry_runs_a_failed_instance_again,
+    scheduling::retry_refuses_a_unique_key_taken_meanwhile,
+    scheduling::one_partition_never_runs_two_steps_at_once,
+}
+
+#[test]
+fn the_suite_has_at_least_25_scenarios() {
+    assert!(SCENARIOS.len() >= 25, "{}", SCENARIOS.len());
+}

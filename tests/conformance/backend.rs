@@ -1,0 +1,427 @@
+//! The two backends every scenario runs on, behind one trait: the in-memory
+//! [`TestKit`] and the Postgres engine on a manual clock.
+//!
+//! Both run steps only inside `run()`: the Postgres backend starts an engine for each
+//! `run()` and drains it once nothing is due, so between runs nothing moves on either
+//! backend and a scenario sees the same states on both. `advance` moves a manual clock;
+//! due schedules, replays and await timeouts fire at the next `run()` (the engine's
+//! pickers and timeout sweep act at start, on the clock's `$now`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use gen_durable::{
+    Client, Clock, Delivery, Engine, Entry, Event, Fsm, QueueConfig, Result, Status,
+};
+use gen_durable_testkit::{
+    epoch, Cancelled, Instance, KitEntry, SignalSender, Tally, TestDb, TestKit,
+};
+use serde_json::Value;
+
+/// Insert options a scenario may set, applied to either backend's builder.
+#[derive(Debug, Clone, Default)]
+pub struct Opts {
+    pub step: Option<&'static str>,
+    pub priority: i16,
+    pub partition_key: Option<String>,
+    pub unique_key: Option<String>,
+    pub unique_scope: Option<Vec<Status>>,
+    pub schedule_in: Option<Duration>,
+}
+
+impl Opts {
+    pub fn step(step: &'static str) -> Self {
+        Opts {
+            step: Some(step),
+            ..Opts::default()
+        }
+    }
+    pub fn priority(priority: i16) -> Self {
+        Opts {
+            priority,
+            ..Opts::default()
+        }
+    }
+    pub fn unique(key: impl Into<String>) -> Self {
+        Opts {
+            unique_key: Some(key.into()),
+            ..Opts::default()
+        }
+    }
+    pub fn scope(mut self, scope: impl IntoIterator<Item = Status>) -> Self {
+        self.unique_scope = Some(scope.into_iter().collect());
+        self
+    }
+    pub fn partition(key: impl Into<String>) -> Self {
+        Opts {
+            partition_key: Some(key.into()),
+            ..Opts::default()
+        }
+    }
+    pub fn schedule_in(d: Duration) -> Self {
+        Opts {
+            schedule_in: Some(d),
+            ..Opts::default()
+        }
+    }
+}
+
+/// Applies `Opts` to any builder with gen_durable's option setters.
+macro_rules! with_opts {
+    ($b:expr, $o:expr) => {{
+        let o = $o;
+        let mut b = $b.priority(o.priority);
+        if let Some(s) = o.step {
+            b = b.step(s);
+        }
+        if let Some(k) = o.partition_key {
+            b = b.partition_key(k);
+        }
+        if let Some(k) = o.unique_key {
+            b = b.unique_key(k);
+        }
+        if let Some(s) = o.unique_scope {
+            b = b.unique_scope(s);
+        }
+        if let Some(d) = o.schedule_in {
+            b = b.schedule_in(d);
+        }
+        b
+    }};
+}
+
+/// How a step sends a signal while it runs (to test signals arriving mid-step).
+#[derive(Debug, Clone)]
+pub enum Mailer {
+    Kit(SignalSender),
+    Pg(Client),
+}
+
+impl Mailer {
+    pub async fn send(&self, id: i64, name: &str, payload: Value) {
+        match self {
+            Mailer::Kit(s) => s.send(id, name, payload),
+            Mailer::Pg(c) => {
+                c.signal(id, name, payload)
+                    .await
+                    .expect("a signal sent from a step");
+            }
+        }
+    }
+}
+
+/// Mailers by scenario tag: steps are static code and find theirs through the state's tag.
+static MAILERS: LazyLock<Mutex<HashMap<String, Mailer>>> = LazyLock::new(Default::default);
+
+pub fn mailer(tag: &str) -> Mailer {
+    MAILERS
+        .lock()
+        .unwrap()
+        .get(tag)
+        .cloned()
+        .unwrap_or_else(|| panic!("no mailer for {tag}"))
+}
+
+/// What a scenario can do, on either backend.
+#[allow(async_fn_in_trait)]
+pub trait Backend {
+    /// Unique per scenario and backend: keys global logs and unique keys.
+    fn tag(&self) -> &str;
+    /// The clock's now.
+    fn now(&self) -> DateTime<Utc>;
+    async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64>;
+    async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>>;
+    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery>;
+    async fn signal_dedup(
+        &mut self,
+        id: i64,
+        name: &str,
+        payload: Value,
+        key: &str,
+    ) -> Result<Delivery>;
+    async fn cancel(&mut self, id: i64) -> Result<Cancelled>;
+    async fn retry(&mut self, id: i64) -> Result<()>;
+    async fn advance(&mut self, by: Duration);
+    /// Runs every due step until nothing is due; what was committed.
+    async fn run(&mut self) -> Tally;
+    async fn get(&mut self, id: i64) -> Instance;
+    /// Overwrites the stored state with raw JSON (a state an older type wrote).
+    async fn overwrite_state(&mut self, id: i64, state: Value);
+    /// The committed kinds of `id`, from the `step.stop` events.
+    fn kinds(&self, id: i64) -> Vec<&'static str>;
+    async fn close(self);
+}
+
+fn kinds_of(events: &[Event], id: i64) -> Vec<&'static str> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StepStop { id: i, kind, .. } if *i == id => Some(*kind),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The in-memory kit.
+
+pub struct Kit {
+    kit: TestKit,
+    tag: String,
+}
+
+impl Kit {
+    pub fn new(scenario: &str) -> Kit {
+        let kit = TestKit::new()
+            .with_registry(crate::fsms::registry())
+            .max_steps(2_000);
+        let tag = format!("kit:{scenario}");
+        MAILERS
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), Mailer::Kit(kit.sender()));
+        Kit { kit, tag }
+    }
+}
+
+impl Backend for Kit {
+    fn tag(&self) -> &str {
+        &self.tag
+    }
+    fn now(&self) -> DateTime<Utc> {
+        self.kit.now()
+    }
+    async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64> {
+        with_opts!(self.kit.insert::<F>(state), o).await
+    }
+    async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>> {
+        let entries = rows
+            .into_iter()
+            .map(|(s, o)| with_opts!(KitEntry::<F>::new(s), o));
+        self.kit.insert_all(entries).await
+    }
+    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
+        self.kit.signal(id, name, payload).await
+    }
+    async fn signal_dedup(
+        &mut self,
+        id: i64,
+        name: &str,
+        payload: Value,
+        key: &str,
+    ) -> Result<Delivery> {
+        self.kit.signal(id, name, payload).dedup_key(key).await
+    }
+    async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
+        self.kit.cancel(id).await
+    }
+    async fn retry(&mut self, id: i64) -> Result<()> {
+        self.kit.retry(id).await
+    }
+    async fn advance(&mut self, by: Duration) {
+        self.kit.advance(by);
+    }
+    async fn run(&mut self) -> Tally {
+        self.kit.run_until_idle().await
+    }
+    async fn get(&mut self, id: i64) -> Instance {
+        self.kit.instance(id)
+    }
+    async fn overwrite_state(&mut self, id: i64, state: Value) {
+        self.kit.overwrite_state(id, state);
+    }
+    fn kinds(&self, id: i64) -> Vec<&'static str> {
+        self.kit.kinds(id)
+    }
+    async fn close(self) {
+        MAILERS.lock().unwrap().remove(&self.tag);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Postgres: a fresh database, a client and engines on one manual clock.
+
+pub struct Pg {
+    db: TestDb,
+    client: Client,
+    clock: Clock,
+    events: Arc<Mutex<Vec<Event>>>,
+    tag: String,
+    max_steps: usize,
+}
+
+/// How long one `run()` may take before the scenario fails.
+const RUN_DEADLINE: Duration = Duration::from_secs(30);
+
+impl Pg {
+    pub async fn new(scenario: &str) -> Pg {
+        let db = TestDb::with_pool_size(8).await;
+        let clock = Clock::manual(epoch());
+        let client = Client::new(db.pool().clone())
+            .with_clock(clock.clone())
+            .with_registry(crate::fsms::registry());
+        let tag = format!("pg:{scenario}");
+        MAILERS
+            .lock()
+            .unwrap()
+            .insert(tag.clone(), Mailer::Pg(client.clone()));
+        Pg {
+            db,
+            client,
+            clock,
+            events: Arc::default(),
+            tag,
+            max_steps: 2_000,
+        }
+    }
+
+    pub fn pool(&self) -> &sqlx::PgPool {
+        self.db.pool()
+    }
+
+    async fn engine(&self) -> Engine {
+        let fast = |n| {
+            QueueConfig::new(n)
+                .poll_interval(Duration::from_millis(20))
+                .max_poll_interval(Duration::from_millis(20))
+        };
+        let events = self.events.clone();
+        Engine::builder(self.db.pool().clone())
+            .registry(crate::fsms::registry())
+            .clock(self.clock.clone())
+            // One step at a time on "conf", in the pick's order, like the kit.
+            .queue_with("conf", fast(1))
+            .queue_with("par", fast(4))
+            .timeout_interval(Duration::from_millis(20))
+            .on_event(move |e| events.lock().unwrap().push(e.clone()))
+            .start()
+            .await
+            .expect("engine starts")
+    }
+
+    /// Nothing executing, nothing due: no runnable row eligible by the clock and no
+    /// parked row past its deadline.
+    async fn idle(&self) -> bool {
+        sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM gd_instances
+                                 WHERE status = 'executing'
+                                    OR (status = 'runnable' AND eligible_at <= $1)
+                                    OR (status = 'awaiting_signal' AND await_deadline <= $1))",
+        )
+        .bind(self.now())
+        .fetch_one(self.db.pool())
+        .await
+        .expect("idle query")
+    }
+
+    fn step_stops(&self, from: usize) -> Vec<(i64, &'static str)> {
+        self.events.lock().unwrap()[from..]
+            .iter()
+            .filter_map(|e| match e {
+                Event::StepStop { id, kind, .. } => Some((*id, *kind)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Backend for Pg {
+    fn tag(&self) -> &str {
+        &self.tag
+    }
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.now_param().expect("manual clock")
+    }
+    async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64> {
+        with_opts!(self.client.insert::<F>(state), o).await
+    }
+    async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>> {
+        let entries = rows
+            .into_iter()
+            .map(|(s, o)| with_opts!(Entry::<F>::new(s), o));
+        self.client.insert_all(entries).await
+    }
+    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
+        self.client.signal(id, name, payload).await
+    }
+    async fn signal_dedup(
+        &mut self,
+        id: i64,
+        name: &str,
+        payload: Value,
+        key: &str,
+    ) -> Result<Delivery> {
+        self.client.signal(id, name, payload).dedup_key(key).await
+    }
+    async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
+        let c = self.client.cancel(id).await?;
+        Ok(Cancelled {
+            failed: c.failed,
+            after_current_step: c.after_current_step,
+        })
+    }
+    async fn retry(&mut self, id: i64) -> Result<()> {
+        self.client.retry(id).await
+    }
+    async fn advance(&mut self, by: Duration) {
+        self.clock.advance(by);
+    }
+    async fn run(&mut self) -> Tally {
+        let from = self.events.lock().unwrap().len();
+        let engine = self.engine().await;
+        let deadline = tokio::time::Instant::now() + RUN_DEADLINE;
+        loop {
+            if self.idle().await {
+                break;
+            }
+            let stops = self.step_stops(from);
+            if stops.len() > self.max_steps {
+                let mut per: HashMap<i64, usize> = HashMap::new();
+                for (id, _) in &stops {
+                    *per.entry(*id).or_default() += 1;
+                }
+                let (id, n) = per.into_iter().max_by_key(|(_, n)| *n).unwrap();
+                let i = Instance::load(self.pool(), id).await.unwrap().unwrap();
+                panic!(
+                    "{} steps without going idle: {n} by {}",
+                    stops.len(),
+                    i.describe()
+                );
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("not idle after {RUN_DEADLINE:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Drained, every committed step has reported its `step.stop`.
+        engine.shutdown(Duration::from_secs(10)).await;
+        let mut tally = Tally::default();
+        for (_, kind) in self.step_stops(from) {
+            tally.record(kind);
+        }
+        tally
+    }
+    async fn get(&mut self, id: i64) -> Instance {
+        Instance::load(self.db.pool(), id)
+            .await
+            .expect("load instance")
+            .unwrap_or_else(|| panic!("no instance {id}"))
+    }
+    async fn overwrite_state(&mut self, id: i64, state: Value) {
+        sqlx::query("UPDATE gd_instances SET state = $2 WHERE id = $1")
+            .bind(id)
+            .bind(state)
+            .execute(self.db.pool())
+            .await
+            .expect("overwrite state");
+    }
+    fn kinds(&self, id: i64) -> Vec<&'static str> {
+        kinds_of(&self.events.lock().unwrap(), id)
+    }
+    async fn close(self) {
+        MAILERS.lock().unwrap().remove(&self.tag);
+        self.db.close().await;
+    }
+}

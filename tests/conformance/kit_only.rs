@@ -1,0 +1,271 @@
+//! What only the kit has: determinism, the runaway guard, assertion messages, events,
+//! and its stated differences from Postgres.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use gen_durable::{Child, Event, Step, StepError};
+use gen_durable_testkit::{Instance, KitEntry, Tally, TestKit};
+use serde_json::json;
+
+use crate::fsms::*;
+use crate::test_fsm;
+
+test_fsm!(Looper, state = S, queue = "conf", version = 1, {
+    Spin => "spin" |ctx| { ctx.state.n += 1; Ok(Step::next(Looper::Spin)) },
+});
+
+test_fsm!(Orphaner, state = S, queue = "conf", version = 1, {
+    Spawn => "spawn" |_ctx| { Ok(Step::schedule_childs(vec![Child::new::<Unknown>(S::default())], Orphaner::Sum)) },
+    Sum => "sum" |_ctx| { Ok(Step::done(json!("children finished"))) },
+});
+
+test_fsm!(Unknown, state = S, queue = "conf", version = 1, {
+    Only => "only" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+test_fsm!(Transactional, state = S, queue = "conf", version = 1, {
+    Only => "only" |ctx| { ctx.transaction().await.map_err(StepError::new)?; Ok(Step::done(json!(null))) },
+});
+
+fn kit() -> TestKit {
+    TestKit::new().with_registry(registry())
+}
+
+/// A scenario mixing every outcome, signals, timeouts and children.
+async fn mixed() -> (Vec<Tally>, Vec<Instance>) {
+    let mut kit = kit();
+    let mut tallies = Vec::new();
+    let parent = S {
+        n: 4,
+        log: vec!["fail:1".into()],
+        ..S::default()
+    };
+    kit.insert::<Parent>(parent).await.unwrap();
+    let acc = kit.insert::<Acc>(S::default()).await.unwrap();
+    let timed = kit.insert::<Timed>(S::default()).await.unwrap();
+    let branch = kit
+        .insert::<Branch>(S::default())
+        .priority(-1)
+        .await
+        .unwrap();
+    kit.insert::<Replayer>(S::default()).await.unwrap();
+    kit.insert_all([
+        KitEntry::<Counter>::new(S::n(1)).priority(3),
+        KitEntry::<Counter>::new(S::n(2)).unique_key("c"),
+        KitEntry::<Counter>::new(S::n(3)).unique_key("c"),
+    ])
+    .await
+    .unwrap();
+    kit.insert::<Grand>(S::default()).await.unwrap();
+    tallies.push(kit.run_until_idle().await);
+    for (name, x) in [("a", 1), ("c", 3), ("b", 5)] {
+        kit.signal(acc, name, json!({ "x": x })).await.unwrap();
+        tallies.push(kit.run_until_idle().await);
+    }
+    kit.signal(branch, "approve", json!({})).await.unwrap();
+    kit.signal(timed, "noise", json!({})).await.unwrap();
+    for _ in 0..4 {
+        kit.advance(Duration::from_secs(1800));
+        tallies.push(kit.run_until_idle().await);
+    }
+    (tallies, kit.instances())
+}
+
+#[tokio::test]
+async fn the_same_scenario_gives_the_same_tally_and_states_100_times() {
+    let first = mixed().await;
+    assert_eq!(
+        first.0.iter().map(Tally::to_string).collect::<Vec<_>>(),
+        [
+            "{next: 4, replay: 1, await: 3, schedule_childs: 4, done: 13, stop: 1, steps: 26}",
+            "{await: 1, steps: 1}",
+            "{await: 1, steps: 1}",
+            "{done: 1, steps: 1}",
+            "{replay: 1, done: 1, steps: 2}",
+            "{next: 1, done: 2, steps: 3}",
+            "{steps: 0}",
+            "{steps: 0}",
+        ]
+    );
+    for run in 1..100 {
+        let again = mixed().await;
+        assert_eq!(again.0, first.0, "tallies differ on run {run}");
+        assert_eq!(again.1, first.1, "final states differ on run {run}");
+    }
+}
+
+#[tokio::test]
+async fn a_runaway_loop_panics_naming_the_instance() {
+    let mut kit = kit().max_steps(50);
+    kit.insert::<Clocked>(S::default()).await.unwrap();
+    let id = kit.insert::<Looper>(S::default()).await.unwrap();
+    let err = AssertUnwindSafe(kit.run_until_idle())
+        .catch_unwind_message()
+        .await;
+    assert!(err.contains("50 steps without going idle"), "{err}");
+    assert!(
+        err.contains(&format!("by instance {id} (Looper v1)")),
+        "{err}"
+    );
+    assert!(err.contains("step \"spin\""), "{err}");
+    assert!(err.contains(&format!("{id}:spin->next")), "{err}");
+}
+
+#[tokio::test]
+async fn a_due_instance_of_an_unknown_fsm_panics_with_the_fix() {
+    let mut kit = kit();
+    kit.insert::<Orphaner>(S::default()).await.unwrap();
+    let err = AssertUnwindSafe(kit.run_until_idle())
+        .catch_unwind_message()
+        .await;
+    assert!(
+        err.contains("does not know Unknown v1") && err.contains(".register::<T>()"),
+        "{err}"
+    );
+    // Registered, it runs.
+    let mut kit = kit.register::<Unknown>();
+    kit.run_until_idle().await;
+}
+
+#[tokio::test]
+async fn assertion_failures_show_status_step_and_last_error() {
+    let mut kit = kit();
+    let id = kit.insert::<Plain>(S::default()).await.unwrap();
+    let w = kit.insert::<Waiter>(S::default()).await.unwrap();
+    kit.run_until_idle().await;
+    let msg = panic_message(|| {
+        kit.assert_done(id, json!("ok"));
+    });
+    assert!(msg.contains("expected done with \"ok\""), "{msg}");
+    assert!(msg.contains("status failed"), "{msg}");
+    assert!(msg.contains("step \"only\""), "{msg}");
+    assert!(msg.contains("last_error Some(\"bad input\")"), "{msg}");
+    let msg = panic_message(|| {
+        kit.assert_failed(w, "boom");
+    });
+    assert!(
+        msg.contains("status awaiting_signal") && msg.contains("awaits [\"go\"]"),
+        "{msg}"
+    );
+    let msg = panic_message(|| {
+        kit.assert_awaiting(id, ["go"]);
+    });
+    assert!(
+        msg.contains("expected awaiting_signal on [\"go\"]"),
+        "{msg}"
+    );
+    let msg = panic_message(|| {
+        kit.assert_step(w, "park");
+    });
+    assert!(
+        msg.contains("expected step \"park\"") && msg.contains("step \"use\""),
+        "{msg}"
+    );
+    kit.assert_failed(id, "bad input");
+    kit.assert_awaiting(w, ["go"]).assert_step("use");
+}
+
+#[tokio::test]
+async fn the_kit_emits_step_stop_with_the_committed_kind() {
+    let mut kit = kit();
+    let id = kit
+        .insert::<Failing>(S::default())
+        .step("fails")
+        .await
+        .unwrap();
+    let c = kit.insert::<Counter>(S::default()).await.unwrap();
+    kit.run_until_idle().await;
+    assert_eq!(
+        kit.kinds(id),
+        ["done"],
+        "handle's outcome is what is reported"
+    );
+    assert_eq!(kit.kinds(c), ["next", "next", "done"]);
+    let steps: Vec<(i64, String)> = kit
+        .events()
+        .iter()
+        .map(|e| match e {
+            Event::StepStop { id, step, fsm, .. } => {
+                assert!(*fsm == "Failing" || *fsm == "Counter");
+                (*id, step.clone())
+            }
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (id, "fails".into()),
+            (c, "a".into()),
+            (c, "b".into()),
+            (c, "c".into())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn ctx_transaction_is_an_error_in_the_kit() {
+    let mut kit = kit();
+    let id = kit.insert::<Transactional>(S::default()).await.unwrap();
+    kit.run_until_idle().await;
+    kit.assert_failed(id, "needs the Postgres engine");
+}
+
+#[tokio::test]
+async fn signals_sent_through_the_sender_are_reported() {
+    let mut kit = kit();
+    let id = kit.insert::<Waiter>(S::default()).await.unwrap();
+    let sender = kit.sender();
+    sender.send(id, "go", json!({ "v": 1 }));
+    sender.send(id + 99, "go", json!({}));
+    kit.run_until_idle().await;
+    kit.assert_done(id, json!({ "v": 1, "attempt": 0, "awaited": 1 }));
+    assert_eq!(kit.sent().len(), 2);
+    assert!(kit.sent()[0].2.as_ref().unwrap().signal_id.is_some());
+    assert!(kit.sent()[1].2.is_err());
+}
+
+#[tokio::test]
+async fn insert_json_checks_like_the_client() {
+    let mut kit = kit();
+    let id = kit
+        .insert_json("Counter", 1, Some("b"), json!({ "n": 1 }))
+        .unwrap();
+    kit.run_until_idle().await;
+    kit.assert_done(id, json!({ "total": 111 }));
+    assert!(kit.insert_json("Nope", 1, None, json!({})).is_err());
+    assert!(kit.insert_json("Counter", 9, None, json!({})).is_err());
+    assert!(kit
+        .insert_json("Counter", 1, Some("zz"), json!({}))
+        .is_err());
+    assert!(kit
+        .insert_json("Counter", 1, None, json!({ "n": "x" }))
+        .is_err());
+}
+
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
+    message(err)
+}
+
+fn message(err: Box<dyn std::any::Any + Send>) -> String {
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+trait CatchUnwindMessage {
+    async fn catch_unwind_message(self) -> String;
+}
+
+impl<F: std::future::Future> CatchUnwindMessage for AssertUnwindSafe<F> {
+    async fn catch_unwind_message(self) -> String {
+        use futures_util::FutureExt;
+        match self.catch_unwind().await {
+            Ok(_) => panic!("expected a panic"),
+            Err(e) => message(e),
+        }
+    }
+}

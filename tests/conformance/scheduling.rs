@@ -1,0 +1,279 @@
+//! Order, schedules, uniqueness, operator actions and partitions.
+
+use std::time::Duration;
+
+use gen_durable::{Error, Status};
+use serde_json::json;
+
+use crate::backend::{Backend, Opts};
+use crate::fsms::*;
+
+pub async fn priorities_order_the_runs<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    for (name, priority) in [("five", 5), ("zero-a", 0), ("minus", -1), ("zero-b", 0)] {
+        let state = S {
+            log: vec![name.into()],
+            tag: tag.clone(),
+            ..S::default()
+        };
+        b.insert::<Logger>(state, Opts::priority(priority))
+            .await
+            .unwrap();
+    }
+    b.run().await;
+    assert_eq!(logged(&tag), ["minus", "zero-a", "zero-b", "five"]);
+}
+
+pub async fn schedule_in_is_never_early<B: Backend>(b: &mut B) {
+    let later = b
+        .insert::<Clocked>(S::default(), Opts::schedule_in(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let now = b
+        .insert::<Clocked>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    assert_eq!(b.run().await.steps, 1);
+    b.get(now).await.assert_status(Status::Done);
+    let i = b.get(later).await;
+    i.assert_status(Status::Runnable);
+    assert_eq!(i.eligible_at, b.now() + chrono::Duration::seconds(60));
+    b.advance(Duration::from_millis(59_999)).await;
+    assert_eq!(b.run().await.steps, 0, "not a millisecond early");
+    b.advance(Duration::from_millis(1)).await;
+    assert_eq!(b.run().await.steps, 1);
+    b.get(later).await.assert_done(json!(b.now().to_rfc3339()));
+}
+
+pub async fn insert_at_a_named_step_and_reject_unknown_steps<B: Backend>(b: &mut B) {
+    let id = b
+        .insert::<Counter>(S::default(), Opts::step("c"))
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(id).await.assert_done(json!({ "total": 100 }));
+    let e = b
+        .insert::<Counter>(S::default(), Opts::step("nope"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::UnknownStep { step, .. } if step == "nope"),
+        "{e}"
+    );
+}
+
+pub async fn unique_key_default_scope_frees_at_terminal<B: Backend>(b: &mut B) {
+    let key = format!("{}:report", b.tag());
+    let first = b
+        .insert::<Waiter>(S::default(), Opts::unique(&key))
+        .await
+        .unwrap();
+    let e = b
+        .insert::<Counter>(S::default(), Opts::unique(&key))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Duplicate { key: k } if *k == key),
+        "{e}"
+    );
+    b.run().await; // parked: still occupied
+    assert!(matches!(
+        b.insert::<Counter>(S::default(), Opts::unique(&key)).await,
+        Err(Error::Duplicate { .. })
+    ));
+    b.signal(first, "go", json!({})).await.unwrap();
+    b.run().await;
+    b.get(first).await.assert_status(Status::Done);
+    let second = b
+        .insert::<Counter>(S::default(), Opts::unique(&key))
+        .await
+        .unwrap();
+    assert!(second > first);
+}
+
+pub async fn unique_scope_frees_when_status_leaves_it<B: Backend>(b: &mut B) {
+    let key = format!("{}:runnable-only", b.tag());
+    let opts = || Opts::unique(&key).scope([Status::Runnable]);
+    let first = b.insert::<Waiter>(S::default(), opts()).await.unwrap();
+    assert!(matches!(
+        b.insert::<Waiter>(S::default(), opts()).await,
+        Err(Error::Duplicate { .. })
+    ));
+    b.run().await;
+    b.get(first).await.assert_awaiting(["go"]);
+    // Parked is outside the scope: the key is free.
+    let second = b.insert::<Waiter>(S::default(), opts()).await.unwrap();
+    assert!(second > first);
+    assert!(matches!(
+        b.insert::<Waiter>(S::default(), opts()).await,
+        Err(Error::Duplicate { .. })
+    ));
+}
+
+pub async fn insert_all_drops_stored_and_batch_duplicates_not_null_keys<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let k = |s: &str| format!("{tag}:{s}");
+    let stored = b
+        .insert::<Counter>(S::default(), Opts::unique(k("one")))
+        .await
+        .unwrap();
+    let rows = vec![
+        (S::n(1), Opts::unique(k("one"))), // occupied by a stored row
+        (S::n(2), Opts::unique(k("two"))),
+        (S::n(3), Opts::unique(k("two"))), // a duplicate within the batch
+        (S::n(4), Opts::default()),        // no key: never a duplicate
+        (S::n(5), Opts::default()),
+    ];
+    let ids = b.insert_all::<Counter>(rows).await.unwrap();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ascending: {ids:?}");
+    assert!(ids[0] > stored);
+    let mut ns = Vec::new();
+    for id in &ids {
+        ns.push(b.get(*id).await.state["n"].as_i64().unwrap());
+    }
+    ns.sort();
+    assert_eq!(ns, [2, 4, 5]);
+    assert_eq!(
+        b.insert_all::<Counter>(Vec::new()).await.unwrap(),
+        Vec::<i64>::new()
+    );
+}
+
+pub async fn cancel_fails_a_parked_instance_and_its_children<B: Backend>(b: &mut B) {
+    let parent = b
+        .insert::<Holder>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let waiter = b
+        .insert::<Waiter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.signal(waiter, "stray", json!(null)).await.unwrap();
+    let kids = b.get(parent).await.children;
+    let c = b.cancel(parent).await.unwrap();
+    assert_eq!((c.failed, c.after_current_step), (3, 0));
+    let p = b.get(parent).await;
+    p.assert_failed("cancelled");
+    assert_eq!(
+        p.children_pending, 2,
+        "a cancelled tree does not count itself down"
+    );
+    for k in kids {
+        b.get(k).await.assert_failed("cancelled");
+    }
+    let c = b.cancel(waiter).await.unwrap();
+    assert_eq!(c.failed, 1);
+    let w = b.get(waiter).await;
+    w.assert_failed("cancelled");
+    assert!(w.inbox.is_empty(), "a cancelled instance's inbox goes");
+    assert!(matches!(
+        b.cancel(waiter).await,
+        Err(Error::Finished { .. })
+    ));
+    assert!(matches!(
+        b.cancel(waiter + 1000).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert_eq!(b.run().await.steps, 0);
+}
+
+pub async fn cancelling_a_child_counts_its_parent_down<B: Backend>(b: &mut B) {
+    let parent = b
+        .insert::<Holder>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    let kids = b.get(parent).await.children;
+    assert_eq!(b.cancel(kids[0]).await.unwrap().failed, 1);
+    let p = b.get(parent).await;
+    p.assert_status(Status::AwaitingChildren);
+    assert_eq!(p.children_pending, 1);
+    b.cancel(kids[1]).await.unwrap();
+    // The last one wakes the parent, which sees both children failed.
+    b.get(parent).await.assert_status(Status::Runnable);
+    assert_eq!(b.run().await.to_string(), "{done: 1, steps: 1}");
+    b.get(parent).await.assert_done(json!("children finished"));
+}
+
+pub async fn retry_runs_a_failed_instance_again<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let id = b
+        .insert::<Flaky>(S::tagged(&tag), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(id).await.assert_failed("flaky dependency down");
+    assert!(matches!(
+        b.retry(id + 1000).await,
+        Err(Error::NotFound { .. })
+    ));
+    log(&tag, "fixed");
+    b.retry(id).await.unwrap();
+    let i = b.get(id).await;
+    i.assert_status(Status::Runnable).assert_step("go");
+    assert_eq!(i.attempt, 0);
+    b.run().await;
+    b.get(id).await.assert_done(json!({ "attempt": 0 }));
+    assert!(matches!(b.retry(id).await, Err(Error::WrongStatus { .. })));
+}
+
+pub async fn retry_refuses_a_unique_key_taken_meanwhile<B: Backend>(b: &mut B) {
+    let key = format!("{}:nightly", b.tag());
+    let first = b
+        .insert::<Plain>(S::default(), Opts::unique(&key))
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(first).await.assert_failed("bad input");
+    let second = b
+        .insert::<Waiter>(S::default(), Opts::unique(&key))
+        .await
+        .unwrap();
+    assert!(matches!(b.retry(first).await, Err(Error::Duplicate { .. })));
+    b.get(first).await.assert_status(Status::Failed);
+    b.cancel(second).await.unwrap();
+    b.retry(first).await.unwrap();
+    b.get(first).await.assert_status(Status::Runnable);
+}
+
+pub async fn one_partition_never_runs_two_steps_at_once<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let key = format!("{tag}:account");
+    let a = b
+        .insert::<Parted>(S::tagged(&tag), Opts::partition(&key))
+        .await
+        .unwrap();
+    let c = b
+        .insert::<Parted>(S::tagged(&format!("{tag}:free")), Opts::default())
+        .await
+        .unwrap();
+    let d = b
+        .insert::<Parted>(S::tagged(&tag), Opts::partition(&key))
+        .await
+        .unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 6, done: 3, steps: 9}");
+    for id in [a, c, d] {
+        b.get(id).await.assert_status(Status::Done);
+    }
+    assert_eq!(
+        most_at_once(&tag),
+        1,
+        "two steps of one partition overlapped"
+    );
+    // Within the partition, the pick's order: the lower id first, step after step.
+    let order = logged(&tag);
+    let want: Vec<String> = [
+        (a, "one"),
+        (a, "two"),
+        (a, "three"),
+        (d, "one"),
+        (d, "two"),
+        (d, "three"),
+    ]
+    .iter()
+    .map(|(id, s)| format!("{id}:{s}"))
+    .collect();
+    assert_eq!(order, want);
+}

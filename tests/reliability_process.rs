@@ -1,0 +1,368 @@
+//! Reliability with real worker processes (issue 9): SIGKILL mid-step, an ambiguous
+//! commit, a worker paused past its lease, poison steps, and a SIGTERM drain.
+
+mod common;
+#[path = "common/process.rs"]
+mod process;
+
+use std::time::{Duration, Instant};
+
+use common::{column, count, eventually, finished, status};
+use gen_durable::Client;
+use gen_durable_suite::fsms::{create_audit_table, Audited, Plan};
+use gen_durable_testkit::TestDb;
+use process::{url_of, Worker};
+
+async fn setup() -> (TestDb, Client, String) {
+    let db = TestDb::new().await;
+    create_audit_table(db.pool()).await.unwrap();
+    let gd = Client::new(db.pool().clone());
+    let url = url_of(&db);
+    (db, gd, url)
+}
+
+/// Each (instance, step) audited exactly once, and every instance done with the full trail.
+async fn exactly_once(db: &TestDb, ids: &[i64]) {
+    let wrong = count(
+        db.pool(),
+        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit GROUP BY 1, 2 HAVING count(*) <> 1) x",
+    )
+    .await;
+    assert_eq!(wrong, 0, "an (instance, step) audited other than once");
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_audit").await,
+        3 * ids.len() as i64
+    );
+    for &id in ids {
+        assert_eq!(status(db.pool(), id).await, "done");
+        assert_eq!(
+            column(db.pool(), id, "result").await.as_deref(),
+            Some(r#"{"trail": ["one", "two", "three"]}"#)
+        );
+    }
+}
+
+const FAST: &[&str] = &[
+    "--lease-ttl-ms",
+    "1000",
+    "--reaper-ms",
+    "100",
+    "--poll-ms",
+    "50",
+];
+
+#[tokio::test]
+async fn sigkill_mid_step_recovers_within_ttl_plus_reaper_and_commits_once() {
+    let (db, gd, url) = setup().await;
+    let id = gd
+        .insert::<Audited>(Plan {
+            step_ms: 60_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let a = Worker::start(&url, "kill-a", FAST, None).await;
+    eventually(20, "step one running", || async {
+        status(db.pool(), id).await == "executing"
+    })
+    .await;
+    let b = Worker::start(&url, "kill-b", FAST, None).await;
+    // Let the re-run be quick: the stored state is what the next attempt sees.
+    sqlx::query(r#"UPDATE gd_instances SET state = '{"step_ms": 0}' WHERE id = $1"#)
+        .bind(id)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let killed = Instant::now();
+    a.kill().await;
+    eventually(20, "recovered", || async {
+        column(db.pool(), id, "locked_by").await.as_deref() != Some("kill-a")
+    })
+    .await;
+    let recovered = killed.elapsed();
+    assert!(
+        recovered <= Duration::from_millis(1000 + 100 + 1000),
+        "recovered after {recovered:?}"
+    );
+    assert_eq!(finished(db.pool(), id, 20).await, "done");
+    exactly_once(&db, &[id]).await;
+    // Only step one repeated: one reap, and steps two and three ran on b.
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE node = 'kill-b'"
+        )
+        .await,
+        3
+    );
+    b.kill().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_ambiguous_commit_changes_nothing_twice() {
+    let (db, gd, url) = setup().await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(gd.insert::<Audited>(Plan::default()).await.unwrap());
+    }
+    // The first two commits succeed in the database but the worker is told they failed.
+    let w = Worker::start(&url, "ambiguous", FAST, Some("gd::after_commit=2*return")).await;
+    for &id in &ids {
+        assert_eq!(finished(db.pool(), id, 30).await, "done");
+    }
+    exactly_once(&db, &ids).await;
+    w.kill().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_worker_paused_past_its_lease_commits_nothing_and_says_so() {
+    let (db, gd, url) = setup().await;
+    let id = gd
+        .insert::<Audited>(Plan {
+            step_ms: 1500,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut a = Worker::start(
+        &url,
+        "paused",
+        &[
+            "--lease-ttl-ms",
+            "600",
+            "--reaper-ms",
+            "100",
+            "--poll-ms",
+            "50",
+        ],
+        None,
+    )
+    .await;
+    eventually(20, "step one running on a", || async {
+        column(db.pool(), id, "locked_by").await.as_deref() == Some("paused")
+    })
+    .await;
+    a.signal("STOP");
+    let b = Worker::start(
+        &url,
+        "taker",
+        &[
+            "--lease-ttl-ms",
+            "5000",
+            "--reaper-ms",
+            "100",
+            "--poll-ms",
+            "50",
+        ],
+        None,
+    )
+    .await;
+    // b reaps the lease, runs step one and commits it while a is frozen.
+    eventually(20, "b committed step one", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE node = 'taker' AND step = 'one'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    a.signal("CONT");
+    let line = a.wait_line("lease.lost", 20).await;
+    assert!(line.contains(&format!("id={id}")), "{line}");
+    assert_eq!(finished(db.pool(), id, 30).await, "done");
+    exactly_once(&db, &[id]).await;
+    // The stale step-one commit left nothing (a may legitimately run later steps after CONT).
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE node = 'paused' AND step = 'one'"
+        )
+        .await,
+        0
+    );
+    a.kill().await;
+    b.kill().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_step_that_aborts_its_process_every_time_fails_after_max_reaps() {
+    let (db, gd, url) = setup().await;
+    let poison = gd
+        .insert::<Audited>(Plan {
+            always_abort_in: Some("two".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let once = gd
+        .insert::<Audited>(Plan {
+            abort_in: Some("one".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Audited has max_reaps = 3: three crashes in step two, then failed. Restart the
+    // worker whenever it dies, as a supervisor would.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut starts = 0;
+    while status(db.pool(), poison).await != "failed" || status(db.pool(), once).await != "done" {
+        assert!(Instant::now() < deadline, "poison step did not end");
+        starts += 1;
+        let mut w = Worker::start(&url, &format!("poison-{starts}"), FAST, None).await;
+        tokio::select! {
+            _ = w.child.wait() => {}
+            _ = eventually(120, "both ended", || async {
+                status(db.pool(), poison).await == "failed" && status(db.pool(), once).await == "done"
+            }) => { w.kill().await; }
+        }
+    }
+    let err = column(db.pool(), poison, "last_error").await.unwrap();
+    assert!(err.contains("lease lost 3 times"), "{err}");
+    assert_eq!(
+        column(db.pool(), poison, "step").await.as_deref(),
+        Some("two")
+    );
+    assert!(starts <= 4 + 1, "{starts} worker starts for 3 + 1 crashes");
+    // The one-time crash recovered and completed exactly once.
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_audit WHERE instance = {once}")
+        )
+        .await,
+        3
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn sigterm_drains_while_old_and_new_workers_overlap() {
+    let (db, gd, url) = setup().await;
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(
+            gd.insert::<Audited>(Plan {
+                step_ms: 50,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let mut old = Worker::start(
+        &url,
+        "old",
+        &["--prefetch", "8", "--concurrency", "2", "--poll-ms", "50"],
+        None,
+    )
+    .await;
+    eventually(20, "old is working", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE node = 'old'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    let new = Worker::start(
+        &url,
+        "new",
+        &["--concurrency", "4", "--poll-ms", "50"],
+        None,
+    )
+    .await;
+    old.signal("TERM");
+    let drained = old.wait_line("drained", 20).await;
+    // Buffered rows were released at once rather than held until the lease expired.
+    let released: usize = drained
+        .split("released=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    old.child.wait().await.unwrap();
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE locked_by = 'old'"
+        )
+        .await,
+        0
+    );
+    for &id in &ids {
+        assert_eq!(finished(db.pool(), id, 60).await, "done");
+    }
+    exactly_once(&db, &ids).await;
+    assert!(released <= 8);
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT coalesce(max(attempt), 0)::int8 FROM gd_instances"
+        )
+        .await,
+        0,
+        "no attempt burned by the drain"
+    );
+    new.kill().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn partition_exclusivity_across_two_processes_with_sixteen_workers() {
+    use gen_durable_suite::fsms::{create_span_table, Keyed, KeyedWork};
+    let (db, gd, url) = setup().await;
+    create_span_table(db.pool()).await.unwrap();
+    let entries = (0..1000).map(|i| {
+        let key = format!("key-{}", i % 10);
+        gen_durable::Entry::<Keyed>::new(KeyedWork {
+            key: key.clone(),
+            ms: 1,
+        })
+        .partition_key(key)
+    });
+    gd.insert_all::<Keyed>(entries).await.unwrap();
+    let args = ["--concurrency", "8", "--prefetch", "4", "--poll-ms", "20"];
+    let a = Worker::start(&url, "part-a", &args, None).await;
+    let b = Worker::start(&url, "part-b", &args, None).await;
+    eventually(120, "all 1,000 done", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+        )
+        .await
+            == 1000
+    })
+    .await;
+    let overlaps = count(
+        db.pool(),
+        "SELECT count(*) FROM gd_spans x JOIN gd_spans y
+           ON x.key = y.key AND x.instance < y.instance
+          AND x.started < y.ended AND y.started < x.ended",
+    )
+    .await;
+    assert_eq!(overlaps, 0, "two steps of one key overlapped");
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_spans").await,
+        1000
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT coalesce(max(attempt), 0)::int8 FROM gd_instances"
+        )
+        .await,
+        0,
+        "handed-back rows burn no attempt"
+    );
+    a.kill().await;
+    b.kill().await;
+    db.close().await;
+}
