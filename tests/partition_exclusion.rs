@@ -30,7 +30,7 @@ test_fsm!(Keyed, state = Count, queue = "p", version = 1, {
 });
 
 test_fsm!(Counter, state = Count, queue = "rmw", version = 1, {
-    Bump => "bump" |ctx| {
+    Bump => "bump" |_ctx| {
         // A read-modify-write with a gap: lost updates if two ran at once.
         let pool = POOL.lock().unwrap().clone().expect("pool set by the test");
         let v: i64 = sqlx::query_scalar("SELECT v FROM counter").fetch_one(&pool).await?;

@@ -24,6 +24,9 @@ mod store;
 mod telemetry;
 
 // The operator CLI behind the `gen_durable` binary; not part of the library API.
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub mod cli;
 
 pub use client::{
     Client, Delivery, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,

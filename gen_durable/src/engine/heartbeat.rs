@@ -1,17 +1,24 @@
 //! The heartbeat service: one statement per tick extends every lease this node holds,
-//! and learns which of its steps were cancelled meanwhile.
+//! and learns which of its steps were cancelled meanwhile. It also announces the node
+//! (its queues and FSM versions) for `gen_durable status`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Shared;
-use crate::store::pg::{lease, millis};
+use crate::store::pg::{admin, lease, millis};
+
+/// The longest gap between two announcements, so a node with a slow heartbeat still
+/// counts as live for `gen_durable status` (its window is 60 s).
+const ANNOUNCE_AT_LEAST_EVERY: Duration = Duration::from_secs(20);
 
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let every = shared.cfg.heartbeat();
+    let every = shared.cfg.heartbeat().min(ANNOUNCE_AT_LEAST_EVERY);
     let ttl = millis(shared.cfg.lease_ttl);
     loop {
+        announce(&shared).await;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
@@ -43,5 +50,20 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             }
             Err(e) => tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat failed"),
         }
+    }
+}
+
+/// Tells `gen_durable status` which queues and FSM versions this node runs.
+async fn announce(shared: &Shared) {
+    if let Err(e) = admin::announce(
+        &shared.pool,
+        &shared.cfg.node_id,
+        &shared.queue_names,
+        &shared.fsms,
+        shared.clock.now_param(),
+    )
+    .await
+    {
+        tracing::warn!(target: "gen_durable::lease", error = %e, "node announcement failed");
     }
 }

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     pub(crate) names: Vec<String>,
     pub(crate) versions: Vec<i32>,
+    /// `(name, version)` of every FSM this node runs, and its queues: what it announces.
+    pub(crate) fsms: Vec<(String, i32)>,
+    pub(crate) queue_names: Vec<String>,
     pub(crate) telemetry: Telemetry,
     /// Every row this node holds a lease on (buffered or executing): id → epoch.
     pub(crate) leases: Mutex<HashMap<i64, i64>>,
@@ -206,6 +209,12 @@ impl EngineBuilder {
             cfg: self.cfg,
             clock: self.clock,
             registry: self.registry,
+            fsms: names
+                .iter()
+                .cloned()
+                .zip(versions.iter().copied())
+                .collect(),
+            queue_names: self.queues.iter().map(|(n, _)| n.clone()).collect(),
             names,
             versions,
             telemetry: self.telemetry,
@@ -353,6 +362,7 @@ impl Engine {
         self.stop_services.cancel();
         self.stop_committer.cancel();
         self.tracker.wait().await;
+        let _ = crate::store::pg::admin::forget(&self.shared.pool, &self.shared.cfg.node_id).await;
         report
     }
 }

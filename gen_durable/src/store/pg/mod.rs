@@ -39,6 +39,7 @@ macro_rules! fan_in {
     };
 }
 
+pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod control;
 pub(crate) mod insert;

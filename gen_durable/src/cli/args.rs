@@ -1,0 +1,125 @@
+//! The command line, as clap parses it.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Operate a gen_durable database: migrate it, see what its queues are doing, look
+/// into one instance, and act on it.
+#[derive(Debug, Parser)]
+#[command(name = "gen_durable", version, about, long_about = None, after_help = super::EXIT_CODES)]
+pub(crate) struct Cli {
+    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/dbname.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// Print JSON on stdout instead of tables (errors too, on stderr).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create or update the schema. Idempotent; safe from several processes at once.
+    Migrate,
+    /// Counts per queue and status, lag of the oldest runnable row, rows no live node
+    /// runs, expired leases, and the nodes that announce themselves.
+    Status,
+    /// One instance: its row, its inbox and its children.
+    Inspect {
+        /// The instance id.
+        id: i64,
+    },
+    /// Deliver a signal to an instance (it wakes if it awaits that name).
+    Signal {
+        /// The instance id.
+        id: i64,
+        /// The signal name, 1 to 255 bytes.
+        name: String,
+        /// The payload, a JSON value: quote it for your shell, e.g. '{"amount": 100}'.
+        #[arg(value_name = "JSON")]
+        payload: String,
+        /// A redelivery with the same key to the same instance stores nothing.
+        #[arg(long)]
+        dedup_key: Option<String>,
+    },
+    /// Fail a live instance with "cancelled", and its live children with it (a running
+    /// instance fails after its current step).
+    Cancel {
+        /// The instance id.
+        id: i64,
+    },
+    /// Make a failed instance runnable again at the step it failed in, attempt 0.
+    Retry {
+        /// The instance id.
+        id: i64,
+    },
+    /// Delete done and failed instances last updated longer ago than --older-than, in
+    /// small batches that never block the engine (children of a live parent are kept).
+    Gc {
+        /// An age such as 7d, 12h, 30m or 45s.
+        #[arg(long, default_value = "7d", value_parser = parse_age)]
+        older_than: Duration,
+    },
+}
+
+/// Parses `7d`, `12h`, `30m`, `45s`: a whole number and one unit.
+pub(crate) fn parse_age(s: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!("{s:?} is not an age: write a whole number and a unit, e.g. 7d, 12h, 30m or 45s")
+    };
+    let s = s.trim();
+    let unit_at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(unit_at);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(bad)
+}
+
+/// Writes an age back the way `parse_age` reads it, in its largest whole unit.
+pub(crate) fn format_age(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => "0s".into(),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages() {
+        assert_eq!(parse_age("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_age("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(parse_age("30m"), Ok(Duration::from_secs(1_800)));
+        assert_eq!(parse_age("0s"), Ok(Duration::ZERO));
+        for bad in [
+            "",
+            "7",
+            "d",
+            "7w",
+            "-1d",
+            "1.5h",
+            "7 d",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_age(bad).is_err(), "{bad:?} should not parse");
+        }
+        assert_eq!(format_age(Duration::from_secs(7 * 86_400)), "7d");
+        assert_eq!(format_age(Duration::from_secs(90)), "90s");
+    }
+}

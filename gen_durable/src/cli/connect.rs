@@ -1,0 +1,125 @@
+//! Turning `--database-url` / `DATABASE_URL` into a pool, with errors that say what to do.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+use super::error::{CliError, Kind};
+use crate::store::pg::admin;
+
+/// How long to wait for the server before giving up: an operator at a terminal wants
+/// "unreachable" in seconds, not after sqlx's default half minute.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// SQLSTATEs that mean "you reached the server but it won't let you in here".
+const INVALID_PASSWORD: &str = "28P01";
+const INVALID_AUTHORIZATION: &str = "28000";
+const INVALID_CATALOG: &str = "3D000";
+
+/// Connects to `url` (or explains why not). One or two connections are all a command needs.
+pub(crate) async fn connect(url: Option<&str>) -> Result<PgPool, CliError> {
+    let url = url.filter(|u| !u.trim().is_empty()).ok_or_else(|| {
+        CliError::new(Kind::Connect, "no database given").hint(
+            "pass --database-url postgres://user:password@host:5432/dbname, or set DATABASE_URL",
+        )
+    })?;
+    let shown = redact(url);
+    let opts = PgConnectOptions::from_str(url)
+        .map_err(|e| {
+            CliError::new(
+                Kind::Connect,
+                format!("{shown:?} is not a PostgreSQL URL: {e}"),
+            )
+            .hint("write it as postgres://user:password@host:5432/dbname")
+        })?
+        .disable_statement_logging();
+    // One connection first: it fails fast and with the real cause (refused, unknown
+    // host, bad password), where a pool would retry until its timeout and then report
+    // only that it timed out.
+    let probe = tokio::time::timeout(CONNECT_TIMEOUT, opts.connect())
+        .await
+        .map_err(|_| {
+            CliError::new(
+                Kind::Connect,
+                format!("cannot connect to {shown}: no answer in {CONNECT_TIMEOUT:?}"),
+            )
+            .hint("check that the server is up and that host and port are right")
+        })?
+        .map_err(|e| connect_error(&shown, e))?;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_lazy_with(opts);
+    let _ = probe.close().await;
+    Ok(pool)
+}
+
+fn connect_error(shown: &str, e: sqlx::Error) -> CliError {
+    let code = match &e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.to_string()),
+        _ => None,
+    };
+    let hint = match code.as_deref() {
+        Some(INVALID_PASSWORD | INVALID_AUTHORIZATION) => "check the user and password in the URL",
+        Some(INVALID_CATALOG) => {
+            "create the database first (e.g. `createdb NAME`), then run `gen_durable migrate`"
+        }
+        _ => "check that the server is up and that host and port are right",
+    };
+    CliError::new(Kind::Connect, format!("cannot connect to {shown}: {e}")).hint(hint)
+}
+
+/// Fails with "run `gen_durable migrate`" unless the whole schema is there.
+pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
+    let s = admin::schema_state(pool).await?;
+    if !s.instances {
+        return Err(CliError::not_migrated(
+            "this database has no gen_durable schema (table gd_instances is missing)",
+        ));
+    }
+    if !s.nodes {
+        return Err(CliError::not_migrated(
+            "this database's gen_durable schema is older than this CLI (table gd_nodes is missing)",
+        ));
+    }
+    Ok(())
+}
+
+/// The URL with its password masked, fit for an error message.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &rest[..colon],
+            &rest[at..]
+        ),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_masked() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://h/db?x=a@b"), "postgres://h/db?x=a@b");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+}

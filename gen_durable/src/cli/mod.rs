@@ -1,0 +1,111 @@
+//! The operator CLI, `gen_durable` (spec §9). The binary in `src/bin/gen_durable.rs`
+//! only calls [`main`]; the commands live here, inside the library, because they read
+//! the store's statements (`store/pg/admin.rs`), which are not public.
+//!
+//! Every command prints a human-readable report on stdout, or one JSON document with
+//! `--json`. Errors go to stderr with a hint on what to do, and exit with a code per
+//! kind of failure (`EXIT_CODES`, also printed by `--help`).
+
+mod actions;
+mod args;
+mod connect;
+mod error;
+mod inspect;
+mod status;
+mod table;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde_json::Value;
+
+use args::{Cli, Command};
+use error::CliError;
+
+/// The exit codes, as `--help` prints them.
+pub(crate) const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the database failed or refused the operation
+  2  bad arguments (also a payload that is not JSON, a bad signal name or age)
+  3  no database URL, a malformed one, or the server cannot be reached or logged into
+  4  the database is not migrated: run `gen_durable migrate`
+  5  no instance with this id
+  6  the instance's status does not allow it (finished, not failed, unique key taken)";
+
+/// What a command reports: the same facts for people and for scripts.
+#[derive(Debug)]
+pub(crate) struct Output {
+    json: Value,
+    text: String,
+}
+
+/// Runs the CLI on the process's arguments and environment, and returns its exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version land here too, with exit code 0; usage errors with 2.
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let json = cli.json;
+    match runtime.block_on(run(cli)) {
+        Ok(out) if json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out.json).unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(out) => {
+            print!("{}", out.text);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            if json {
+                eprintln!(
+                    "{}",
+                    serde_json::to_string_pretty(&e.to_json()).unwrap_or_default()
+                );
+            } else {
+                eprintln!("{e}");
+            }
+            e.exit_code()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Output, CliError> {
+    let pool = connect::connect(cli.database_url.as_deref()).await?;
+    if !matches!(cli.command, Command::Migrate) {
+        connect::require_schema(&pool).await?;
+    }
+    let out = match cli.command {
+        Command::Migrate => actions::migrate(&pool).await,
+        Command::Status => status::run(&pool).await,
+        Command::Inspect { id } => inspect::run(&pool, id).await,
+        Command::Signal {
+            id,
+            name,
+            payload,
+            dedup_key,
+        } => actions::signal(&pool, id, &name, &payload, dedup_key.as_deref()).await,
+        Command::Cancel { id } => actions::cancel(&pool, id).await,
+        Command::Retry { id } => actions::retry(&pool, id).await,
+        Command::Gc { older_than } => actions::gc(&pool, older_than).await,
+    };
+    pool.close().await;
+    out
+}

@@ -1,0 +1,176 @@
+//! `gen_durable status`: what every queue holds, how late it runs, and what nobody runs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use super::table::{self, Table};
+use super::{CliError, Output};
+use crate::store::pg::admin;
+use crate::Status;
+
+const STATUSES: [Status; 6] = [
+    Status::Runnable,
+    Status::Executing,
+    Status::AwaitingSignal,
+    Status::AwaitingChildren,
+    Status::Done,
+    Status::Failed,
+];
+
+#[derive(Debug, Default)]
+struct QueueLine {
+    counts: BTreeMap<Status, i64>,
+    ready: i64,
+    lag_secs: Option<f64>,
+}
+
+pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
+    // Read everything in one REPEATABLE READ transaction, so the tables agree with each
+    // other (a row cannot be counted executing and listed as unrunnable at once).
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let now = admin::db_now(&mut *tx, None).await?;
+    let cells = admin::queue_status(&mut *tx, Some(now)).await?;
+    let unrunnable = admin::unrunnable(&mut *tx, Some(now)).await?;
+    let expired = admin::expired_leases(&mut *tx, Some(now)).await?;
+    let nodes = admin::nodes(&mut *tx, Some(now)).await?;
+    tx.commit().await?;
+
+    let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
+    for c in cells {
+        let q = queues.entry(c.queue).or_default();
+        q.counts.insert(c.status, c.count);
+        q.ready += c.ready;
+        if let Some(t) = c.oldest_ready {
+            q.lag_secs = Some((now - t).num_milliseconds() as f64 / 1000.0);
+        }
+    }
+    let live = nodes.iter().filter(|n| n.live).count();
+    let window = admin::NODE_LIVE_WINDOW_MS / 1000;
+
+    let json = json!({
+        "now": now,
+        "queues": queues.iter().map(|(name, q)| json!({
+            "queue": name,
+            "counts": STATUSES.iter()
+                .map(|s| (s.as_str().to_string(), json!(q.counts.get(s).copied().unwrap_or(0))))
+                .collect::<serde_json::Map<String, Value>>(),
+            "ready": q.ready,
+            "lag_seconds": q.lag_secs,
+        })).collect::<Vec<_>>(),
+        "unrunnable": unrunnable,
+        "expired_leases": expired,
+        "nodes": nodes,
+        "live_window_seconds": window,
+    });
+
+    let mut text = String::new();
+    let _ = writeln!(text, "as of {}\n", table::time(&now));
+    if queues.is_empty() {
+        text.push_str("no instances\n");
+    } else {
+        let mut t = Table::new(
+            ["queue"]
+                .into_iter()
+                .chain(STATUSES.iter().map(|s| s.as_str()))
+                .chain(["ready", "lag"]),
+        );
+        for (name, q) in &queues {
+            let mut row = vec![name.clone()];
+            row.extend(
+                STATUSES
+                    .iter()
+                    .map(|s| q.counts.get(s).copied().unwrap_or(0).to_string()),
+            );
+            row.push(q.ready.to_string());
+            row.push(q.lag_secs.map_or("-".into(), table::span));
+            t.row(row);
+        }
+        text.push_str(&t.render());
+        text.push_str("(ready: runnable now; lag: how long the oldest ready row has waited)\n");
+    }
+
+    let _ = writeln!(
+        text,
+        "\nrows no live node runs ({live} live node{}; live = announced in the last {window} s):",
+        if live == 1 { "" } else { "s" }
+    );
+    if unrunnable.is_empty() {
+        text.push_str("  none\n");
+    } else {
+        let mut t = Table::new(["queue", "fsm", "version", "rows", "runnable"]);
+        for u in &unrunnable {
+            t.row(vec![
+                u.queue.clone(),
+                u.fsm.clone(),
+                u.fsm_version.to_string(),
+                u.rows.to_string(),
+                u.runnable.to_string(),
+            ]);
+        }
+        text.push_str(&t.render());
+        text.push_str(if live == 0 {
+            "(no node is live: none runs, or they run a release that does not announce itself)\n"
+        } else {
+            "(start a node that runs these queues with these FSM versions; nothing is lost meanwhile)\n"
+        });
+    }
+
+    text.push_str("\nexecuting rows whose lease expired:\n");
+    if expired.is_empty() {
+        text.push_str("  none\n");
+    } else {
+        let mut t = Table::new(["queue", "locked_by", "rows", "oldest expiry", "ids"]);
+        for e in &expired {
+            t.row(vec![
+                e.queue.clone(),
+                e.locked_by.clone().unwrap_or_else(|| "-".into()),
+                e.count.to_string(),
+                e.oldest_expiry.as_ref().map_or("-".into(), table::time),
+                ids(&e.ids, e.count),
+            ]);
+        }
+        text.push_str(&t.render());
+        text.push_str(
+            "(a node's reaper returns these to runnable; if they stay, no node runs a reaper)\n",
+        );
+    }
+
+    text.push_str("\nnodes:\n");
+    if nodes.is_empty() {
+        text.push_str("  none has announced itself\n");
+    } else {
+        let mut t = Table::new(["node", "live", "last seen", "queues", "fsms"]);
+        for n in &nodes {
+            t.row(vec![
+                n.node_id.clone(),
+                if n.live { "yes" } else { "no" }.into(),
+                format!(
+                    "{} ago",
+                    table::span((now - n.last_seen_at).num_milliseconds() as f64 / 1000.0)
+                ),
+                n.queues.join(","),
+                n.fsms.join(","),
+            ]);
+        }
+        text.push_str(&t.render());
+    }
+    Ok(Output { json, text })
+}
+
+fn ids(shown: &[i64], total: i64) -> String {
+    let mut s = shown
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if total > shown.len() as i64 {
+        let _ = write!(s, ",… ({} more)", total - shown.len() as i64);
+    }
+    s
+}

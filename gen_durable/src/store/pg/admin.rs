@@ -1,0 +1,440 @@
+//! What operators run: the statements behind the `gen_durable` CLI (status, inspect,
+//! gc, migration state) and the node announcements that `status` reads (spec §9).
+//!
+//! None of these is on the hot path. They read with plain snapshots and write in
+//! bounded batches with `SKIP LOCKED`, so running them against a busy database holds
+//! back no worker.
+// Only the CLI reads most of these: a build without the `cli` feature uses announce/forget.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::PgExecutor;
+
+use crate::error::Result;
+use crate::Status;
+
+/// How long after its last announce a node still counts as live: three beats of an
+/// engine announcing every 20 s (its heartbeat, `lease_ttl / 3` = 10 s by default, is
+/// well within). A fixed window, not a per-node one, so `status` needs no engine
+/// configuration to decide; an engine whose heartbeat is slower than 20 s must still
+/// announce every 20 s.
+pub(crate) const NODE_LIVE_WINDOW_MS: i64 = 60_000;
+
+/// The most rows one `gc` statement deletes: small enough that each batch holds its
+/// row locks for milliseconds, large enough that the round trips don't dominate.
+pub(crate) const GC_BATCH: i64 = 1_000;
+
+/// The most signals and children `inspect` lists (it always counts them all).
+pub(crate) const INSPECT_LIST_LIMIT: i64 = 100;
+
+/// The most ids listed per (queue, node) among expired leases.
+const EXPIRED_IDS_SHOWN: i32 = 10;
+
+/// Whether the schema is there. `to_regclass` answers NULL instead of failing when a
+/// table is missing, so the CLI can tell "not migrated" from any other error and say
+/// what to do. `gd_nodes` is checked apart: a database migrated by an older release
+/// has instances but no node table yet.
+const SCHEMA_STATE: &str = r#"
+SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
+       to_regclass('gd_nodes') IS NOT NULL AS nodes,
+       to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
+"#;
+
+/// Which parts of the schema exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct SchemaState {
+    pub(crate) instances: bool,
+    pub(crate) nodes: bool,
+    pub(crate) migrations: bool,
+}
+
+pub(crate) async fn schema_state<'e>(db: impl PgExecutor<'e>) -> Result<SchemaState> {
+    Ok(sqlx::query_as(SCHEMA_STATE).fetch_one(db).await?)
+}
+
+/// The migrations recorded as applied, so `migrate` can say what it did. Only call it
+/// when `SchemaState::migrations` is true: the table is sqlx's and is created by the
+/// first migration run.
+const APPLIED_MIGRATIONS: &str = r#"
+SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version
+"#;
+
+pub(crate) async fn applied_migrations<'e>(db: impl PgExecutor<'e>) -> Result<Vec<(i64, String)>> {
+    Ok(sqlx::query_as(APPLIED_MIGRATIONS).fetch_all(db).await?)
+}
+
+/// Counts per queue and status, with the rows ready to run now and the oldest of them,
+/// in one statement: one scan of the table serves every figure of the queue table, and
+/// they all come from one snapshot. It is a full scan (no index covers every status);
+/// that is the price of exact counts, paid only when an operator asks.
+///
+/// `ready` and `oldest_ready` only count runnable rows whose `eligible_at` has passed: a
+/// row scheduled for tomorrow is not late, so it must not show as lag.
+const QUEUE_STATUS: &str = r#"
+SELECT queue, status, count(*) AS count,
+       count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now())) AS ready,
+       min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
+           AS oldest_ready
+  FROM gd_instances
+ GROUP BY queue, status
+ ORDER BY queue, status
+"#;
+
+/// One (queue, status) cell of the status table.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct QueueStatusRow {
+    pub(crate) queue: String,
+    pub(crate) status: Status,
+    pub(crate) count: i64,
+    pub(crate) ready: i64,
+    pub(crate) oldest_ready: Option<DateTime<Utc>>,
+}
+
+pub(crate) async fn queue_status<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<QueueStatusRow>> {
+    Ok(sqlx::query_as(QUEUE_STATUS).bind(now).fetch_all(db).await?)
+}
+
+/// Live rows that no live node can run, by (queue, fsm, version): a node runs a row only
+/// if it picks from the row's queue *and* has registered its `(fsm, fsm_version)`
+/// (spec §7.1), so both must match one node. Executing rows are left out: a node holds
+/// them (the expired-lease report covers the ones whose node died). Parked rows are
+/// counted: nobody will run them when they wake. `live` is a CTE over a small table,
+/// and the per-row probe compares against arrays of a handful of nodes.
+const UNRUNNABLE: &str = r#"
+WITH live AS (
+    SELECT queues, fsms FROM gd_nodes
+     WHERE last_seen_at > coalesce($1, now()) - $2 * interval '1 millisecond'
+)
+SELECT i.queue, i.fsm, i.fsm_version, count(*) AS rows,
+       count(*) FILTER (WHERE i.status = 'runnable') AS runnable
+  FROM gd_instances i
+ WHERE i.status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+   AND NOT EXISTS (SELECT 1 FROM live n
+                    WHERE i.queue = ANY (n.queues)
+                      AND i.fsm || '@' || i.fsm_version = ANY (n.fsms))
+ GROUP BY i.queue, i.fsm, i.fsm_version
+ ORDER BY i.queue, i.fsm, i.fsm_version
+"#;
+
+/// Rows of one (queue, fsm, version) that no live node runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub(crate) struct UnrunnableRow {
+    pub(crate) queue: String,
+    pub(crate) fsm: String,
+    pub(crate) fsm_version: i32,
+    /// Live rows (runnable or parked).
+    pub(crate) rows: i64,
+    /// Of which runnable.
+    pub(crate) runnable: i64,
+}
+
+pub(crate) async fn unrunnable<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<UnrunnableRow>> {
+    Ok(sqlx::query_as(UNRUNNABLE)
+        .bind(now)
+        .bind(NODE_LIVE_WINDOW_MS)
+        .fetch_all(db)
+        .await?)
+}
+
+/// Executing rows whose lease has expired, by queue and holder: the reaper returns them
+/// to `runnable` on its next pass, so rows that stay here mean no node runs a reaper,
+/// and a holder that keeps appearing is a node that died. Reads the lease index
+/// (`lease_expires_at WHERE status = 'executing'`), so it costs the expired rows only.
+const EXPIRED_LEASES: &str = r#"
+SELECT queue, locked_by, count(*) AS count, min(lease_expires_at) AS oldest_expiry,
+       (array_agg(id ORDER BY lease_expires_at, id))[1:$2] AS ids
+  FROM gd_instances
+ WHERE status = 'executing' AND lease_expires_at < coalesce($1, now())
+ GROUP BY queue, locked_by
+ ORDER BY queue, locked_by
+"#;
+
+/// Expired leases of one queue held by one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub(crate) struct ExpiredLeaseRow {
+    pub(crate) queue: String,
+    pub(crate) locked_by: Option<String>,
+    pub(crate) count: i64,
+    pub(crate) oldest_expiry: Option<DateTime<Utc>>,
+    /// The first few ids, oldest expiry first.
+    pub(crate) ids: Vec<i64>,
+}
+
+pub(crate) async fn expired_leases<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<ExpiredLeaseRow>> {
+    Ok(sqlx::query_as(EXPIRED_LEASES)
+        .bind(now)
+        .bind(EXPIRED_IDS_SHOWN)
+        .fetch_all(db)
+        .await?)
+}
+
+/// Every announced node, live or not, with the database's verdict on liveness so the
+/// CLI and the `UNRUNNABLE` statement use the same window and the same clock.
+const NODES: &str = r#"
+SELECT node_id, queues, fsms, started_at, last_seen_at,
+       last_seen_at > coalesce($1, now()) - $2 * interval '1 millisecond' AS live
+  FROM gd_nodes
+ ORDER BY node_id
+"#;
+
+/// One announced node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub(crate) struct NodeRow {
+    pub(crate) node_id: String,
+    pub(crate) queues: Vec<String>,
+    /// `name@version` each.
+    pub(crate) fsms: Vec<String>,
+    pub(crate) started_at: DateTime<Utc>,
+    pub(crate) last_seen_at: DateTime<Utc>,
+    pub(crate) live: bool,
+}
+
+pub(crate) async fn nodes<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<NodeRow>> {
+    Ok(sqlx::query_as(NODES)
+        .bind(now)
+        .bind(NODE_LIVE_WINDOW_MS)
+        .fetch_all(db)
+        .await?)
+}
+
+/// The database's clock, which every figure of `status` is relative to.
+const NOW: &str = "SELECT coalesce($1, now())";
+
+pub(crate) async fn db_now<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar(NOW).bind(now).fetch_one(db).await?)
+}
+
+/// One instance with its inbox and children, in one statement and so one snapshot (an
+/// inbox read after the row could show a signal the row's status already consumed).
+/// The row comes back as JSON (`to_jsonb`), every column included, so `inspect --json`
+/// shows exactly what is stored; `unique_guard` is dropped, being derived. Inbox and
+/// children are counted in full but listed only up to `$2`, by id: a parent of 10,000
+/// children must not print them all. Children come from the `parent_id` index.
+const INSPECT: &str = r#"
+SELECT to_jsonb(i) - 'unique_guard' AS row,
+       (SELECT count(*) FROM gd_signals s WHERE s.target_id = i.id) AS inbox_total,
+       (SELECT coalesce(jsonb_agg(to_jsonb(s) - 'target_id' ORDER BY s.id), '[]')
+          FROM (SELECT * FROM gd_signals WHERE target_id = i.id ORDER BY id LIMIT $2) s) AS inbox,
+       (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
+          FROM (SELECT status, count(*) AS n FROM gd_instances
+                 WHERE parent_id = i.id GROUP BY status) c) AS children_by_status,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'id', c.id, 'fsm', c.fsm, 'fsm_version', c.fsm_version, 'step', c.step,
+                   'status', c.status, 'result', c.result, 'last_error', c.last_error,
+                   'updated_at', c.updated_at) ORDER BY c.id), '[]')
+          FROM (SELECT * FROM gd_instances WHERE parent_id = i.id ORDER BY id LIMIT $2) c) AS children
+  FROM gd_instances i
+ WHERE i.id = $1
+"#;
+
+/// What `inspect` shows of one instance.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub(crate) struct Inspection {
+    /// Every stored column, by name.
+    pub(crate) row: Value,
+    pub(crate) inbox_total: i64,
+    /// Signals, oldest first, up to the limit.
+    pub(crate) inbox: Value,
+    /// `{status: count}` over every child.
+    pub(crate) children_by_status: Value,
+    /// Children by id, up to the limit.
+    pub(crate) children: Value,
+}
+
+pub(crate) async fn inspect<'e>(
+    db: impl PgExecutor<'e>,
+    id: i64,
+    list_limit: i64,
+) -> Result<Option<Inspection>> {
+    Ok(sqlx::query_as(INSPECT)
+        .bind(id)
+        .bind(list_limit)
+        .fetch_optional(db)
+        .await?)
+}
+
+/// Deletes one batch of terminal rows last updated before `now - $1` (spec §7.6).
+///
+/// - Bounded (`LIMIT $2`) and `SKIP LOCKED` in a MATERIALIZED CTE, the fence that makes
+///   the limit bound the rows locked: many collectors (or a CLI next to the engine's
+///   collector) never wait on each other, and a row a signal delivery is locking right
+///   now (its foreign key takes `KEY SHARE`, which `FOR UPDATE` conflicts with) is
+///   skipped until the next batch.
+/// - Ordered by `updated_at, id`, the order of the `gd_instances_terminal` index over
+///   terminal rows, so each batch reads the oldest entries and stops at the limit.
+/// - Never a child of a live parent: a parent that is not terminal reads its children's
+///   outcomes in `ctx.childs()` once they have all ended, so they must outlive it.
+/// - The inbox goes with the row (`ON DELETE CASCADE`); terminal rows have none anyway.
+const GC: &str = r#"
+WITH doomed AS MATERIALIZED (
+    SELECT i.id FROM gd_instances i
+     WHERE i.status IN ('done', 'failed')
+       AND i.updated_at < coalesce($3, now()) - $1 * interval '1 millisecond'
+       AND NOT EXISTS (SELECT 1 FROM gd_instances p
+                        WHERE p.id = i.parent_id AND p.status NOT IN ('done', 'failed'))
+     ORDER BY i.updated_at, i.id
+     LIMIT $2
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM gd_instances i USING doomed d WHERE i.id = d.id
+"#;
+
+/// Deletes up to `limit` terminal rows older than `older_than_ms`; returns how many.
+pub(crate) async fn gc_batch<'e>(
+    db: impl PgExecutor<'e>,
+    older_than_ms: i64,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> Result<u64> {
+    let r = sqlx::query(GC)
+        .bind(older_than_ms)
+        .bind(limit)
+        .bind(now)
+        .execute(db)
+        .await?;
+    Ok(r.rows_affected())
+}
+
+/// A node says it is alive and what it runs; called on the engine's heartbeat.
+/// An upsert, so the first call creates the row and keeps `started_at`. Nodes unseen
+/// for a day are deleted in the same statement (never this one), so crashed nodes
+/// don't pile up and nobody needs a separate sweep; concurrent announces deleting the
+/// same stale rows only wait on each other for those rows.
+const ANNOUNCE: &str = r#"
+WITH stale AS (
+    DELETE FROM gd_nodes
+     WHERE last_seen_at < coalesce($4, now()) - interval '1 day' AND node_id <> $1
+)
+INSERT INTO gd_nodes (node_id, queues, fsms, started_at, last_seen_at)
+VALUES ($1, $2, $3, coalesce($4, now()), coalesce($4, now()))
+ON CONFLICT (node_id) DO UPDATE
+   SET queues = EXCLUDED.queues, fsms = EXCLUDED.fsms, last_seen_at = EXCLUDED.last_seen_at
+"#;
+
+/// How a node's `(fsm, version)` pair is stored in `gd_nodes.fsms`; `UNRUNNABLE`
+/// builds the same text from a row (`fsm || '@' || fsm_version`).
+pub(crate) fn fsm_tag(name: &str, version: i32) -> String {
+    format!("{name}@{version}")
+}
+
+/// Records that `node_id` is alive now, picks from `queues` and runs `fsms`
+/// (`(name, version)` pairs). Call it at start and at least every 20 s (see
+/// [`NODE_LIVE_WINDOW_MS`]).
+pub(crate) async fn announce<'e>(
+    db: impl PgExecutor<'e>,
+    node_id: &str,
+    queues: &[String],
+    fsms: &[(String, i32)],
+    now: Option<DateTime<Utc>>,
+) -> Result<()> {
+    let tags: Vec<String> = fsms.iter().map(|(n, v)| fsm_tag(n, *v)).collect();
+    sqlx::query(ANNOUNCE)
+        .bind(node_id)
+        .bind(queues)
+        .bind(tags)
+        .bind(now)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// A node leaving on purpose (graceful shutdown) removes itself at once, instead of
+/// showing as live for up to a minute.
+const FORGET: &str = "DELETE FROM gd_nodes WHERE node_id = $1";
+
+pub(crate) async fn forget<'e>(db: impl PgExecutor<'e>, node_id: &str) -> Result<()> {
+    sqlx::query(FORGET).bind(node_id).execute(db).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+    use gen_durable_testkit::TestDb;
+
+    #[tokio::test]
+    async fn announce_forget_and_what_no_live_node_runs() {
+        let db = TestDb::new().await;
+        let p = db.pool();
+        let t0 = db_now(p, None).await.unwrap();
+        sqlx::query(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             VALUES ('Checkout', 2, 'reserve', '{}', 'checkout'),
+                    ('Checkout', 1, 'reserve', '{}', 'checkout'),
+                    ('Checkout', 2, 'reserve', '{}', 'other')",
+        )
+        .execute(p)
+        .await
+        .unwrap();
+        let unrun = |at| async move {
+            unrunnable(p, Some(at))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|u| (u.queue, u.fsm_version, u.rows))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(unrun(t0).await.len(), 3, "no node yet");
+
+        let fsms = [("Checkout".to_string(), 2)];
+        announce(p, "n1", &["checkout".into()], &fsms, Some(t0))
+            .await
+            .unwrap();
+        // Only the row of a queue n1 picks *and* a version it runs is covered.
+        assert_eq!(
+            unrun(t0).await,
+            [("checkout".into(), 1, 1), ("other".into(), 2, 1)]
+        );
+        let n = nodes(p, Some(t0)).await.unwrap();
+        assert_eq!((n[0].node_id.as_str(), n[0].live), ("n1", true));
+        assert_eq!(n[0].fsms, ["Checkout@2"]);
+
+        // Silent for longer than the window: no longer live.
+        let later = t0 + Duration::milliseconds(NODE_LIVE_WINDOW_MS + 1);
+        assert_eq!(unrun(later).await.len(), 3);
+        assert!(!nodes(p, Some(later)).await.unwrap()[0].live);
+
+        // A new announce keeps started_at and refreshes last_seen_at.
+        announce(p, "n1", &["checkout".into()], &fsms, Some(later))
+            .await
+            .unwrap();
+        let n = nodes(p, Some(later)).await.unwrap();
+        assert_eq!(
+            (n[0].started_at, n[0].last_seen_at, n[0].live),
+            (t0, later, true)
+        );
+
+        // A node unseen for a day is deleted by anyone's announce.
+        let next_day = later + Duration::days(1) + Duration::seconds(1);
+        announce(p, "n2", &[], &[], Some(next_day)).await.unwrap();
+        let ids: Vec<String> = nodes(p, Some(next_day))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| n.node_id)
+            .collect();
+        assert_eq!(ids, ["n2"]);
+
+        forget(p, "n2").await.unwrap();
+        assert!(nodes(p, None).await.unwrap().is_empty());
+        db.close().await;
+    }
+}

@@ -1,0 +1,141 @@
+//! The CLI's failures: each says what to do, and exits with its own code.
+
+mod cli_support;
+
+use cli_support::{gd, gd_on};
+use gen_durable_testkit::TestDb;
+
+const USAGE: i32 = 2;
+const CONNECT: i32 = 3;
+const NOT_MIGRATED: i32 = 4;
+
+#[test]
+fn help_lists_every_command_and_the_exit_codes() {
+    let r = gd(&["--help"]).expect(0);
+    for cmd in [
+        "migrate", "status", "inspect", "signal", "cancel", "retry", "gc",
+    ] {
+        assert!(r.stdout.contains(cmd), "{cmd} missing from:\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("4  the database is not migrated"));
+}
+
+#[test]
+fn no_database_url() {
+    let r = gd(&["status"]).expect(CONNECT);
+    assert!(r.stderr.contains("no database given"), "{}", r.stderr);
+    assert!(r.stderr.contains("--database-url"), "{}", r.stderr);
+    assert!(r.stderr.contains("DATABASE_URL"), "{}", r.stderr);
+}
+
+#[test]
+fn malformed_url() {
+    let r = gd(&["--database-url", "not a url", "status"]).expect(CONNECT);
+    assert!(r.stderr.contains("is not a PostgreSQL URL"), "{}", r.stderr);
+    assert!(r.stderr.contains("hint: write it as postgres://"));
+}
+
+#[test]
+fn unreachable_server_masks_the_password() {
+    // Port 1 on the loopback refuses at once.
+    let r = gd(&[
+        "--database-url",
+        "postgres://someone:s3cret@127.0.0.1:1/db",
+        "status",
+    ])
+    .expect(CONNECT);
+    assert!(
+        r.stderr
+            .contains("cannot connect to postgres://someone:***@127.0.0.1:1/db"),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("s3cret"), "{}", r.stderr);
+    assert!(r.stderr.contains("check that the server is up"));
+}
+
+#[tokio::test]
+async fn missing_database() {
+    let r = gd(&[
+        "--database-url",
+        &cli_support::url_of("gd_cli_no_such_database"),
+        "status",
+    ])
+    .expect(CONNECT);
+    assert!(r.stderr.contains("does not exist"), "{}", r.stderr);
+    assert!(r.stderr.contains("then run `gen_durable migrate`"));
+}
+
+#[tokio::test]
+async fn not_migrated_then_migrate() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+
+    for args in [
+        &["status"][..],
+        &["inspect", "1"],
+        &["signal", "1", "go", "{}"],
+        &["cancel", "1"],
+        &["retry", "1"],
+        &["gc"],
+    ] {
+        let r = gd_on(&db, args).expect(NOT_MIGRATED);
+        assert!(
+            r.stderr
+                .contains("no gen_durable schema (table gd_instances is missing)"),
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains("run `gen_durable migrate`"),
+            "{}",
+            r.stderr
+        );
+    }
+    let r = gd_on(&db, &["--json", "status"]).expect(NOT_MIGRATED);
+    assert_eq!(r.json_error()["error"]["kind"], "not_migrated");
+
+    let r = gd_on(&db, &["migrate"]).expect(0);
+    assert!(
+        r.stdout.starts_with("migrated: applied 0001 instances"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("0003 nodes"), "{}", r.stdout);
+    gd_on(&db, &["status"]).expect(0);
+    db.close().await;
+}
+
+#[tokio::test]
+async fn schema_older_than_the_cli() {
+    let db = TestDb::new().await;
+    sqlx::query("DROP TABLE gd_nodes")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let r = gd_on(&db, &["status"]).expect(NOT_MIGRATED);
+    assert!(r.stderr.contains("gd_nodes is missing"), "{}", r.stderr);
+    assert!(r.stderr.contains("run `gen_durable migrate`"));
+    db.close().await;
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    // Parsed before connecting, so no database is needed.
+    let r = gd(&["inspect", "abc"]).expect(USAGE);
+    assert!(r.stderr.contains("invalid value 'abc'"), "{}", r.stderr);
+    let r = gd(&["gc", "--older-than", "3 weeks"]).expect(USAGE);
+    assert!(
+        r.stderr
+            .contains("write a whole number and a unit, e.g. 7d"),
+        "{}",
+        r.stderr
+    );
+    gd(&["signal", "1", "go"]).expect(USAGE);
+    gd(&["frobnicate"]).expect(USAGE);
+}
