@@ -155,3 +155,80 @@ impl Keyed {
         }
     }
 }
+
+/// A parent that fans out to `n` [`FanChild`]ren and sums them up.
+#[derive(DurableState, Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct Fan {
+    /// How many children to spawn.
+    pub n: u32,
+}
+
+/// Spawns `n` children, then audits one `sum` row when they are all terminal.
+#[durable_fsm(state = Fan, queue = "audited")]
+pub enum FanParent {
+    #[initial]
+    Spawn,
+    Sum,
+}
+
+#[durable_steps]
+impl FanParent {
+    async fn spawn(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let children = (0..ctx.state.n)
+            .map(|_| Child::new::<FanChild>(()))
+            .collect();
+        Ok(Step::schedule_childs(children, FanParent::Sum))
+    }
+
+    async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let total = ctx.childs().len();
+        let done = ctx
+            .childs()
+            .iter()
+            .filter(|c| c.status == Status::Done)
+            .count();
+        let id = ctx.id();
+        let tx = ctx.transaction().await.map_err(StepError::new)?;
+        sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'sum', '')")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(Step::done(json!({ "children": total, "done": done })))
+    }
+
+    async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        if ctx.attempt() < 20 {
+            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
+        } else {
+            Ok(Step::stop(err))
+        }
+    }
+}
+
+/// A child that audits one `child` row.
+#[durable_fsm(state = (), queue = "audited")]
+pub enum FanChild {
+    #[initial]
+    Run,
+}
+
+#[durable_steps]
+impl FanChild {
+    async fn run(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let id = ctx.id();
+        let tx = ctx.transaction().await.map_err(StepError::new)?;
+        sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'child', '')")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(Step::done(json!(null)))
+    }
+
+    async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        if ctx.attempt() < 20 {
+            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
+        } else {
+            Ok(Step::stop(err))
+        }
+    }
+}

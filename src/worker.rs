@@ -83,6 +83,8 @@ pub async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
     println!("ready {node}");
+    // The process's own wall clock, for tests that skew it: the engine never uses it.
+    println!("clock {}", chrono::Utc::now().to_rfc3339());
     std::io::stdout().flush()?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -366,3 +366,184 @@ async fn partition_exclusivity_across_two_processes_with_sixteen_workers() {
     b.kill().await;
     db.close().await;
 }
+
+#[tokio::test]
+async fn a_fan_out_of_a_thousand_survives_kills_during_the_spawn_commit_and_the_fan_in() {
+    use gen_durable_suite::fsms::{Fan, FanParent};
+    let (db, gd, url) = setup().await;
+    let parent = gd.insert::<FanParent>(Fan { n: 1000 }).await.unwrap();
+    // The first commit of this worker (the spawn) sleeps inside the failpoint: kill it there.
+    let spawner = Worker::start(
+        &url,
+        "spawner",
+        FAST,
+        Some("gd::before_commit=1*sleep(20000)"),
+    )
+    .await;
+    eventually(20, "spawn step ran", || async {
+        status(db.pool(), parent).await == "executing"
+    })
+    .await;
+    // Give the step time to reach its commit (it is a no-op step), then crash.
+    eventually(20, "at the commit failpoint", || async {
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_instances WHERE parent_id = {parent}"),
+        )
+        .await
+            == 0
+            && status(db.pool(), parent).await == "executing"
+    })
+    .await;
+    spawner.kill().await;
+    // Workers that crash now and then while children finish and the parent is woken.
+    let mut round = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while status(db.pool(), parent).await != "done" {
+        assert!(Instant::now() < deadline, "fan-out did not finish");
+        round += 1;
+        let w = Worker::start(
+            &url,
+            &format!("fan-{round}"),
+            &[
+                "--lease-ttl-ms",
+                "1000",
+                "--reaper-ms",
+                "100",
+                "--poll-ms",
+                "20",
+                "--concurrency",
+                "16",
+            ],
+            None,
+        )
+        .await;
+        let until = Instant::now() + Duration::from_millis(700);
+        // Each worker lives ~700 ms, then crashes, wherever it is.
+        while Instant::now() < until && status(db.pool(), parent).await != "done" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        w.kill().await;
+    }
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_instances WHERE parent_id = {parent}")
+        )
+        .await,
+        1000,
+        "each child created once"
+    );
+    assert_eq!(count(db.pool(), "SELECT count(*) FROM (SELECT instance FROM gd_audit GROUP BY 1 HAVING count(*) <> 1) x").await, 0);
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE step = 'child'"
+        )
+        .await,
+        1000
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_audit WHERE step = 'sum'"
+        )
+        .await,
+        1,
+        "the parent was woken once"
+    );
+    assert_eq!(
+        column(db.pool(), parent, "result").await.as_deref(),
+        Some(r#"{"done": 1000, "children": 1000}"#)
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_worker_clock_skewed_ten_minutes_either_way_changes_nothing() {
+    let (db, gd, url) = setup().await;
+    for (i, skew) in ["+10m", "-10m"].into_iter().enumerate() {
+        // The skewed worker's own clock says "now + 10 min" (or - 10 min).
+        let mut w = Worker::start_skewed(
+            skew,
+            &url,
+            &format!("skewed-{i}"),
+            &[
+                "--lease-ttl-ms",
+                "3000",
+                "--reaper-ms",
+                "100",
+                "--poll-ms",
+                "20",
+            ],
+        )
+        .await;
+        // The worker's own clock really is skewed.
+        let line = w.wait_line("clock", 10).await;
+        let its_now =
+            chrono::DateTime::parse_from_rfc3339(line.trim_start_matches("clock ")).unwrap();
+        let db_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        let skew_secs = (its_now.with_timezone(&chrono::Utc) - db_now).num_seconds();
+        assert!(skew_secs.abs() >= 590, "worker clock off by {skew_secs}s");
+        // Scheduling: not run before the database's eligible_at.
+        let later = gd
+            .insert::<Audited>(Plan::default())
+            .schedule_in(Duration::from_millis(1500))
+            .await
+            .unwrap();
+        // Leases: a long step keeps its lease by the database clock, so it is not reaped.
+        let long = gd
+            .insert::<Audited>(Plan {
+                step_ms: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        eventually(20, "long step running", || async {
+            status(db.pool(), long).await == "executing"
+        })
+        .await;
+        let ttl_left: f64 = sqlx::query_scalar("SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM gd_instances WHERE id = $1")
+            .bind(long)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+        assert!(
+            (0.0..=3.5).contains(&ttl_left),
+            "lease expires in {ttl_left}s by the database clock"
+        );
+        assert_eq!(finished(db.pool(), long, 30).await, "done");
+        assert_eq!(
+            column(db.pool(), long, "attempt").await.as_deref(),
+            Some("0"),
+            "never reaped"
+        );
+        assert_eq!(finished(db.pool(), later, 30).await, "done");
+        let early: bool = sqlx::query_scalar(
+            "SELECT min(a.at) < i.inserted_at + interval '1500 ms'
+               FROM gd_audit a JOIN gd_instances i ON i.id = a.instance WHERE a.instance = $1 GROUP BY i.inserted_at",
+        )
+        .bind(later)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        let detail: String = sqlx::query_scalar(
+            "SELECT format('inserted %s eligible %s audit %s', i.inserted_at, i.eligible_at,
+                           (SELECT string_agg(a.step || '@' || a.at::text, ', ') FROM gd_audit a WHERE a.instance = i.id))
+               FROM gd_instances i WHERE i.id = $1",
+        )
+        .bind(later)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        assert!(
+            !early,
+            "a scheduled instance ran before its time ({skew}): {detail}"
+        );
+        w.kill().await;
+    }
+    db.close().await;
+}

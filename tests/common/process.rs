@@ -7,6 +7,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
+/// Where Debian's `faketime` package puts the preload library.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 /// A running worker process.
 pub struct Worker {
     pub child: Child,
@@ -25,7 +28,35 @@ pub fn url_of(db: &gen_durable_testkit::TestDb) -> String {
 impl Worker {
     /// Starts a worker on `url` and waits for its `ready` line.
     pub async fn start(url: &str, node: &str, args: &[&str], failpoints: Option<&str>) -> Worker {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gd_worker"));
+        Self::start_with(None, url, node, args, failpoints).await
+    }
+
+    /// Starts a worker whose wall clock is skewed by `offset` (faketime syntax, e.g.
+    /// `+10m`); its monotonic clock, which timers use, is left alone.
+    pub async fn start_skewed(offset: &str, url: &str, node: &str, args: &[&str]) -> Worker {
+        Self::start_with(Some(offset), url, node, args, None).await
+    }
+
+    async fn start_with(
+        skew: Option<&str>,
+        url: &str,
+        node: &str,
+        args: &[&str],
+        failpoints: Option<&str>,
+    ) -> Worker {
+        let exe = env!("CARGO_BIN_EXE_gd_worker");
+        let mut cmd = Command::new(exe);
+        if let Some(offset) = skew {
+            // libfaketime preloaded into the worker itself (not the `faketime` wrapper,
+            // which would fork and leave the worker behind when the test kills it).
+            assert!(
+                std::path::Path::new(LIBFAKETIME).exists(),
+                "this test needs libfaketime ({LIBFAKETIME}): apt-get install faketime; .ci/run installs it"
+            );
+            cmd.env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         cmd.arg("--database-url")
             .arg(url)
             .arg("--node")
