@@ -94,6 +94,10 @@ pub(crate) struct EngineConfig {
     pub(crate) reaper: bool,
     pub(crate) timeouts: bool,
     pub(crate) commit_batch: usize,
+    pub(crate) collector: bool,
+    pub(crate) retention: Duration,
+    pub(crate) collector_interval: Duration,
+    pub(crate) collector_batch: usize,
 }
 
 impl EngineConfig {
@@ -119,6 +123,9 @@ impl EngineConfig {
         }
         if self.commit_batch == 0 {
             return bad("commit_batch must be at least 1");
+        }
+        if self.collector_interval.is_zero() || self.collector_batch == 0 {
+            return bad("the collector's interval and batch must be greater than zero");
         }
         Ok(())
     }

@@ -16,9 +16,10 @@
 //!
 //! Each background service is a unit with a start and a stop: one runner per queue
 //! (picker, buffer, steps), the committer, the heartbeat, the reaper, the await-timeout
-//! sweep and the wake-up listener. They stop through cancellation tokens and one
+//! sweep, the collector and the wake-up listener. They stop through cancellation tokens and one
 //! `TaskTracker`.
 
+mod collector;
 mod committer;
 mod config;
 mod heartbeat;
@@ -137,6 +138,27 @@ impl EngineBuilder {
         self
     }
 
+    /// Turns the collector of finished instances on or off on this node (default on).
+    pub fn collector(mut self, on: bool) -> Self {
+        self.cfg.collector = on;
+        self
+    }
+
+    /// How long `done`/`failed` rows are kept before the collector deletes them
+    /// (default 7 days, counted from their last update).
+    pub fn retention(mut self, keep: Duration) -> Self {
+        self.cfg.retention = keep;
+        self
+    }
+
+    /// How often the collector runs (default 60 s) and how many rows one of its
+    /// statements deletes at most (default 1,000).
+    pub fn collector_schedule(mut self, every: Duration, batch: usize) -> Self {
+        self.cfg.collector_interval = every;
+        self.cfg.collector_batch = batch;
+        self
+    }
+
     /// Most outcomes committed in one group commit (default 512).
     pub fn commit_batch(mut self, n: usize) -> Self {
         self.cfg.commit_batch = n;
@@ -242,6 +264,9 @@ impl EngineBuilder {
         if shared.cfg.timeouts {
             tracker.spawn(timeouts::run(shared.clone(), stop_services.clone()));
         }
+        if shared.cfg.collector {
+            tracker.spawn(collector::run(shared.clone(), stop_services.clone()));
+        }
         let mut wakes = HashMap::new();
         let mut runners = Vec::new();
         for (name, cfg) in self.queues {
@@ -325,6 +350,10 @@ impl Engine {
                 reaper: true,
                 timeouts: true,
                 commit_batch: 512,
+                collector: true,
+                retention: Duration::from_secs(7 * 24 * 3600),
+                collector_interval: Duration::from_secs(60),
+                collector_batch: crate::store::pg::admin::GC_BATCH as usize,
             },
             clock: Clock::database(),
             registry: Registry::linked(),

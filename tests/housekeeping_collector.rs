@@ -1,0 +1,84 @@
+//! The collector (spec §7.6): deletes only terminal rows older than the retention, in
+//! bounded batches, sparing children of a live parent; several nodes at once do no harm.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{count, eventually, Count};
+use gen_durable::{Client, Engine, Registry, Step};
+use gen_durable_testkit::TestDb;
+use serde_json::json;
+
+test_fsm!(Idle, state = Count, queue = "elsewhere", version = 1, {
+    Run => "run" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+async fn rows(db: &TestDb, n: usize, status: &str, age: &str, parent: Option<i64>) -> Vec<i64> {
+    let gd = Client::new(db.pool().clone());
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let id = gd.insert::<Idle>(Count::default()).await.unwrap();
+        sqlx::query(&format!(
+            "UPDATE gd_instances SET status = '{status}', updated_at = now() - interval '{age}', parent_id = $2 WHERE id = $1"
+        ))
+        .bind(id)
+        .bind(parent)
+        .execute(db.pool())
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn collects_old_terminal_rows_in_batches_and_spares_children_of_live_parents() {
+    let db = TestDb::new().await;
+    rows(&db, 25, "done", "2 days", None).await;
+    rows(&db, 5, "failed", "2 days", None).await;
+    let recent = rows(&db, 3, "done", "1 minute", None).await;
+    let old_but_live = rows(&db, 2, "runnable", "2 days", None).await;
+    let live_parent = rows(&db, 1, "awaiting_children", "2 days", None).await[0];
+    let kept_children = rows(&db, 4, "done", "2 days", Some(live_parent)).await;
+    let done_parent = rows(&db, 1, "done", "2 days", None).await[0];
+    rows(&db, 2, "done", "2 days", Some(done_parent)).await;
+
+    let mut reg = Registry::new();
+    reg.register::<Idle>();
+    // Two nodes collecting at once, 7 rows per statement.
+    let start = || {
+        Engine::builder(db.pool().clone())
+            .registry(reg.clone())
+            .queue("nothing-here", 1)
+            .retention(Duration::from_secs(24 * 3600))
+            .collector_schedule(Duration::from_millis(30), 7)
+            .start()
+    };
+    let a = start().await.unwrap();
+    let b = start().await.unwrap();
+    // 25 + 5 + the done parent and its 2 children = 33 collectable rows.
+    eventually(20, "old terminal rows collected", || async {
+        count(db.pool(), "SELECT count(*) FROM gd_instances").await == 3 + 2 + 1 + 4
+    })
+    .await;
+    for id in recent
+        .iter()
+        .chain(&old_but_live)
+        .chain(&kept_children)
+        .chain(std::iter::once(&live_parent))
+    {
+        assert_eq!(
+            count(
+                db.pool(),
+                &format!("SELECT count(*) FROM gd_instances WHERE id = {id}")
+            )
+            .await,
+            1,
+            "row {id} kept"
+        );
+    }
+    a.shutdown(Duration::from_secs(5)).await;
+    b.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
