@@ -34,6 +34,11 @@ pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
     const QUEUE: &'static str;
     /// How many lost leases one step may cause before the reaper fails the instance.
     const MAX_REAPS: i32 = 10;
+    /// Run-ahead: after a `next`, the worker that ran the step commits it (durably,
+    /// fenced) and runs the next step at once under the claim it holds, instead of
+    /// handing the row back to be picked again. Default off; `#[durable_fsm(run_ahead =
+    /// true)]` or [`Step::run_ahead`] per outcome turns it on.
+    const RUN_AHEAD: bool = false;
     /// Every stored step name, in declaration order.
     const STEPS: &'static [&'static str];
 
@@ -58,6 +63,8 @@ pub struct Step<F: Fsm> {
     pub(crate) kind: StepKind<F>,
     /// Recorded as `last_error` with the outcome (set when a failure led to it).
     pub(crate) error: Option<String>,
+    /// On a `next`: continue in this worker (see [`Fsm::RUN_AHEAD`]).
+    pub(crate) run_ahead: bool,
 }
 
 #[derive(Debug)]
@@ -79,7 +86,19 @@ pub(crate) enum StepKind<F: Fsm> {
 
 impl<F: Fsm> Step<F> {
     fn of(kind: StepKind<F>) -> Self {
-        Step { kind, error: None }
+        Step {
+            kind,
+            error: None,
+            run_ahead: false,
+        }
+    }
+
+    /// On a `next`: commit it and run the next step at once in this worker, under the
+    /// claim it already holds (see [`Fsm::RUN_AHEAD`]). The commit is still durable and
+    /// fenced before the next step runs. No effect on other outcomes.
+    pub fn run_ahead(mut self) -> Self {
+        self.run_ahead = true;
+        self
     }
 
     /// Records `error` as the instance's `last_error` with this outcome, e.g. on a

@@ -58,6 +58,8 @@ pub struct StepOutput {
     pub error: Option<String>,
     /// The step's own transaction, to commit with the outcome.
     pub tx: Option<Transaction<'static, Postgres>>,
+    /// A `next` that may continue in the same worker under its claim (run-ahead).
+    pub run_ahead: bool,
     /// How long the handler (and `handle`) ran.
     pub duration: Duration,
 }
@@ -233,6 +235,7 @@ fn stop_output(reason: String, state: Value, started: Instant) -> StepOutput {
         state,
         awaited: Vec::new(),
         tx: None,
+        run_ahead: false,
         duration: started.elapsed(),
     }
 }
@@ -371,12 +374,14 @@ fn finish<F: Fsm>(
         Outcome::Stop { reason } => Some(reason.clone()),
         _ => step.error.or(failure),
     };
+    let run_ahead = matches!(outcome, Outcome::Next { .. }) && (F::RUN_AHEAD || step.run_ahead);
     StepOutput {
         outcome,
         state,
         awaited,
         error,
         tx: ctx.base.tx.take(),
+        run_ahead,
         duration: started.elapsed(),
     }
 }

@@ -152,6 +152,18 @@ pub(crate) fn string_value(key: &str, value: &ArgValue, example: &str) -> syn::R
 }
 
 /// A positive `i32` integer literal, or an error that says why not and how to fix it.
+pub(crate) fn bool_value(key: &str, value: &ArgValue, example: &str) -> syn::Result<bool> {
+    match value {
+        ArgValue::Expr(Expr::Lit(ExprLit {
+            lit: Lit::Bool(b), ..
+        })) => Ok(b.value),
+        other => Err(syn::Error::new_spanned(
+            other.tokens(),
+            format!("`{key}` must be `true` or `false`, e.g. `{example}`"),
+        )),
+    }
+}
+
 pub(crate) fn positive_int(key: &str, value: &ArgValue, example: &str) -> syn::Result<i32> {
     let hint = format!("`{key}` must be a positive integer literal, e.g. `{example}`");
     match value {

@@ -2,7 +2,6 @@
 //! constant number of statements (fenced per row). While one batch commits, the next
 //! accumulates, so batching grows with load and adds no delay when idle.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::runtime::StepOutput;
-use crate::store::pg::outcome::{self, Commit};
+use crate::store::pg::outcome::{self, Commit, Committed};
 
 /// One outcome waiting to be committed, and where to report whether it was.
 #[derive(Debug)]
@@ -20,7 +19,29 @@ pub(crate) struct CommitRequest {
     pub(crate) id: i64,
     pub(crate) epoch: i64,
     pub(crate) output: StepOutput,
-    pub(crate) reply: oneshot::Sender<Result<bool>>,
+    pub(crate) run_ahead: bool,
+    pub(crate) reply: oneshot::Sender<Result<CommitReply>>,
+}
+
+/// What happened to one outcome.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CommitReply {
+    /// The outcome was written (false: the lease had moved on; nothing was written).
+    pub(crate) committed: bool,
+    /// It was a run-ahead `next` and the row is still claimed by this worker.
+    pub(crate) continued: bool,
+    /// The clock's time at commit.
+    pub(crate) now: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl CommitReply {
+    pub(crate) fn of(done: &Committed, id: i64) -> Self {
+        CommitReply {
+            committed: done.fenced.contains(&id),
+            continued: done.continued.contains(&id),
+            now: done.now,
+        }
+    }
 }
 
 /// True for errors after which the same transaction may simply be tried again: the
@@ -36,8 +57,8 @@ pub(crate) fn retryable(err: &Error) -> bool {
 }
 
 /// Commits `batch` in one transaction, retrying a deadlock or a dropped connection a
-/// few times. Returns the ids whose outcome was written.
-pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Result<HashSet<i64>> {
+/// few times.
+pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Result<Committed> {
     let mut tries = 0;
     loop {
         let attempt = async {
@@ -108,13 +129,14 @@ pub(crate) async fn run(
                 id: r.id,
                 epoch: r.epoch,
                 output: &r.output,
+                run_ahead: r.run_ahead,
             })
             .collect();
         let result = commit_batch(&shared, &batch).await;
         drop(batch);
         for r in pending.drain(..) {
             let reply = match &result {
-                Ok(fenced) => Ok(fenced.contains(&r.id)),
+                Ok(done) => Ok(CommitReply::of(done, r.id)),
                 Err(e) => Err(Error::CommitFailed {
                     id: r.id,
                     reason: e.to_string(),

@@ -277,6 +277,7 @@ impl EngineBuilder {
                 cfg,
                 shared: shared.clone(),
                 wake,
+                draining: stop_picking.clone(),
             };
             runners.push(tracker.spawn(runner.run(stop_picking.clone(), deadline_rx.clone())));
         }

@@ -12,9 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::engine::committer::CommitRequest;
+use crate::engine::committer::{CommitReply, CommitRequest};
 use crate::engine::{QueueConfig, Shared};
 use crate::error::{Error, Result};
+use crate::registry::FsmEntry;
 use crate::runtime::{Outcome, StepInput, StepOutput};
 use crate::store::pg::outcome::{self, Commit};
 use crate::store::pg::{claim, lease, UNIQUE_VIOLATION};
@@ -38,6 +39,8 @@ pub(crate) struct QueueRunner {
     pub(crate) cfg: QueueConfig,
     pub(crate) shared: Arc<Shared>,
     pub(crate) wake: Arc<Notify>,
+    /// Cancelled when the engine stops picking: running steps then stop running ahead.
+    pub(crate) draining: CancellationToken,
 }
 
 struct Running {
@@ -205,7 +208,12 @@ impl QueueRunner {
                 .lock()
                 .expect("running table")
                 .insert(id, cancel.clone());
-            let handle = tasks.spawn(run_step(self.shared.clone(), row, cancel.clone()));
+            let handle = tasks.spawn(run_step(
+                self.shared.clone(),
+                row,
+                cancel.clone(),
+                self.draining.clone(),
+            ));
             running.insert(handle.id(), Running { id, epoch, cancel });
         }
     }
@@ -291,47 +299,85 @@ impl QueueRunner {
     }
 }
 
-/// Runs one claimed row's step and commits its outcome. Returns the delay of a committed
-/// `replay`, so the runner can pick it up on time rather than at the next poll.
+/// Runs one claimed row's step and commits its outcome; with run-ahead, goes on with
+/// the next steps under the same claim while they return `next`. Returns the delay of a
+/// committed `replay`, so the runner can pick it up on time rather than at the next poll.
 async fn run_step(
     shared: Arc<Shared>,
     row: claim::Claimed,
     cancel: CancellationToken,
+    draining: CancellationToken,
 ) -> Option<Duration> {
-    let span = tracing::info_span!("gen_durable.step", id = row.id, fsm = %row.fsm, step = %row.step, attempt = row.attempt);
-    async move {
-        let (id, epoch) = (row.id, row.lease_epoch);
-        let step = row.step.clone();
-        let Some(entry) = shared.registry.get(&row.fsm, row.fsm_version).copied() else {
+    let (id, epoch) = (row.id, row.lease_epoch);
+    let replay_after = match shared.registry.get(&row.fsm, row.fsm_version).copied() {
+        Some(entry) => {
+            let input = StepInput {
+                id,
+                step: row.step,
+                state: row.state,
+                attempt: row.attempt,
+                awaits: row.awaits,
+                inbox: row.inbox.0,
+                childs: row.childs.0,
+                now: row.now,
+                cancel: cancel.clone(),
+                pool: Some(shared.pool.clone()),
+            };
+            run_chain(&shared, entry, epoch, input, &draining).await
+        }
+        None => {
             // Claims only ask for registered pairs; if this happens, leave it to the reaper.
             tracing::error!(target: "gen_durable::step", id, fsm = %row.fsm, "claimed a row of an unregistered FSM");
-            return None;
-        };
-        let input = StepInput {
-            id,
-            step: row.step,
-            state: row.state,
-            attempt: row.attempt,
-            awaits: row.awaits,
-            inbox: row.inbox.0,
-            childs: row.childs.0,
-            now: row.now,
-            cancel,
-            pool: Some(shared.pool.clone()),
-        };
-        let output = entry.run(input).await;
+            None
+        }
+    };
+    shared.leases.lock().expect("lease table").remove(&id);
+    shared.running.lock().expect("running table").remove(&id);
+    replay_after
+}
+
+/// The steps one claim runs: one, or several with run-ahead.
+async fn run_chain(
+    shared: &Shared,
+    entry: FsmEntry,
+    epoch: i64,
+    mut input: StepInput,
+    draining: &CancellationToken,
+) -> Option<Duration> {
+    let id = input.id;
+    loop {
+        let step = input.step.clone();
+        let span = tracing::info_span!("gen_durable.step", id, fsm = entry.name, step = %step, attempt = input.attempt);
+        // What a run-ahead step after this one will see of the inbox and children.
+        let (inbox, childs, cancel) = (
+            input.inbox.clone(),
+            input.childs.clone(),
+            input.cancel.clone(),
+        );
+        let output = entry.run(input).instrument(span).await;
         let kind = output.outcome.kind();
-        let parks_with_timeout = matches!(output.outcome, Outcome::Await { timeout: Some(_), .. });
+        let parks_with_timeout = matches!(
+            output.outcome,
+            Outcome::Await {
+                timeout: Some(_),
+                ..
+            }
+        );
         let replay_after = match output.outcome {
             Outcome::Replay { delay } => Some(delay),
             _ => None,
         };
+        // Never run ahead into a drain or a cancellation: hand the row back instead.
+        let run_ahead = output.run_ahead && !draining.is_cancelled() && !cancel.is_cancelled();
+        let next = match (&output.outcome, run_ahead) {
+            (Outcome::Next { step }, true) => {
+                Some((*step, output.state.clone(), output.awaited.clone()))
+            }
+            _ => None,
+        };
         let duration = output.duration;
-        let committed = commit(&shared, id, epoch, output).await;
-        shared.leases.lock().expect("lease table").remove(&id);
-        shared.running.lock().expect("running table").remove(&id);
-        match committed {
-            Ok(true) => {
+        match commit(shared, id, epoch, output, run_ahead).await {
+            Ok(reply) if reply.committed => {
                 if parks_with_timeout {
                     shared.timeouts_wake.notify_one();
                 }
@@ -342,59 +388,89 @@ async fn run_step(
                     step,
                     kind,
                 });
-                return replay_after;
+                match next {
+                    Some((step, state, consumed)) if reply.continued => {
+                        input = StepInput {
+                            id,
+                            step: step.to_string(),
+                            state,
+                            attempt: 0,
+                            awaits: Vec::new(),
+                            inbox: inbox
+                                .into_iter()
+                                .filter(|s| !consumed.contains(&s.id))
+                                .collect(),
+                            childs,
+                            now: reply.now.unwrap_or_else(chrono::Utc::now),
+                            cancel,
+                            pool: Some(shared.pool.clone()),
+                        };
+                    }
+                    _ => return replay_after,
+                }
             }
-            Ok(false) => shared.telemetry.emit(Event::LeaseLost {
-                id,
-                fsm: entry.name,
-                step,
-                kind,
-            }),
-            Err(e) => tracing::error!(target: "gen_durable::step", id, error = %e,
-                "outcome not committed; the step will run again once its lease expires"),
+            Ok(_) => {
+                shared.telemetry.emit(Event::LeaseLost {
+                    id,
+                    fsm: entry.name,
+                    step,
+                    kind,
+                });
+                return None;
+            }
+            Err(e) => {
+                tracing::error!(target: "gen_durable::step", id, error = %e,
+                    "outcome not committed; the step will run again once its lease expires");
+                return None;
+            }
         }
-        None
     }
-    .instrument(span)
-    .await
 }
 
 /// Commits through the group committer, or in the step's own transaction when it used
 /// `ctx.transaction()` (its writes and the outcome commit together or not at all).
-async fn commit(shared: &Shared, id: i64, epoch: i64, mut output: StepOutput) -> Result<bool> {
+async fn commit(
+    shared: &Shared,
+    id: i64,
+    epoch: i64,
+    mut output: StepOutput,
+    run_ahead: bool,
+) -> Result<CommitReply> {
     if let Some(mut tx) = output.tx.take() {
         let batch = [Commit {
             id,
             epoch,
             output: &output,
+            run_ahead,
         }];
         // One try: an error aborts the step's own transaction, and with it the writes
         // the outcome was to commit with. The row runs again after its lease expires.
         fail::fail_point!("gd::before_commit", |_| Err(super::committer::injected(
             "before commit"
         )));
-        let fenced = outcome::commit(
+        let done = outcome::commit(
             &mut tx,
             &shared.cfg.node_id,
             &batch,
             shared.clock.now_param(),
         )
         .await?;
-        if fenced.contains(&id) {
-            tx.commit().await?;
-            fail::fail_point!("gd::after_commit", |_| Err(super::committer::injected(
-                "after commit"
-            )));
-            return Ok(true);
+        if !done.fenced.contains(&id) {
+            tx.rollback().await.ok();
+            return Ok(CommitReply::default());
         }
-        tx.rollback().await.ok();
-        return Ok(false);
+        tx.commit().await?;
+        fail::fail_point!("gd::after_commit", |_| Err(super::committer::injected(
+            "after commit"
+        )));
+        return Ok(CommitReply::of(&done, id));
     }
     let (reply, rx) = oneshot::channel();
     let req = CommitRequest {
         id,
         epoch,
         output,
+        run_ahead,
         reply,
     };
     if shared.committer.send(req).await.is_err() {

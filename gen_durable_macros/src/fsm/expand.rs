@@ -38,6 +38,11 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
     };
     let (name, version, queue) = (&model.name, model.version, &model.queue);
     let max_reaps = model.max_reaps.map(|n| quote!(const MAX_REAPS: i32 = #n;));
+    let run_ahead = model.run_ahead.then(|| {
+        quote!(
+            const RUN_AHEAD: bool = true;
+        )
+    });
     let stored: Vec<&String> = model.steps.iter().map(|s| &s.stored).collect();
     let variants: Vec<_> = model.steps.iter().map(|s| &s.variant).collect();
     let initial = &model.steps[model.initial].variant;
@@ -63,6 +68,7 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
             const VERSION: i32 = #version;
             const QUEUE: &'static str = #queue;
             #max_reaps
+            #run_ahead
             const STEPS: &'static [&'static str] = &[#(#stored),*];
 
             fn initial() -> Self {

@@ -5,7 +5,7 @@ use syn::{Fields, Ident, Meta, Type};
 
 use super::parse::FsmInput;
 use crate::common::{
-    for_each_arg, parse_args, positive_int, snake_case, string_value, ArgValue, Errors,
+    bool_value, for_each_arg, parse_args, positive_int, snake_case, string_value, ArgValue, Errors,
 };
 
 /// What the expansion needs. Invalid parts fall back to defaults (and leave an error),
@@ -17,6 +17,7 @@ pub(super) struct FsmModel {
     pub(super) version: i32,
     pub(super) queue: String,
     pub(super) max_reaps: Option<i32>,
+    pub(super) run_ahead: bool,
     pub(super) steps: Vec<StepModel>,
     pub(super) initial: usize,
 }
@@ -34,6 +35,7 @@ const KEYS: &[(&str, &str)] = &[
     ("version", "version = 2"),
     ("queue", "queue = \"checkout\""),
     ("max_reaps", "max_reaps = 10"),
+    ("run_ahead", "run_ahead = true"),
 ];
 
 /// `None` when no impl can be generated at all (generics, a variant with fields, no
@@ -46,6 +48,7 @@ pub(super) fn validate(input: &FsmInput, errors: &mut Errors) -> Option<FsmModel
         version: 1,
         queue: "default".to_string(),
         max_reaps: None,
+        run_ahead: false,
         steps: Vec::new(),
         initial: 0,
     };
@@ -82,6 +85,10 @@ pub(super) fn validate(input: &FsmInput, errors: &mut Errors) -> Option<FsmModel
                 },
                 "max_reaps" => match positive_int(key, value, example) {
                     Ok(n) => model.max_reaps = Some(n),
+                    Err(e) => errors.push(e),
+                },
+                "run_ahead" => match bool_value(key, value, example) {
+                    Ok(b) => model.run_ahead = b,
                     Err(e) => errors.push(e),
                 },
                 _ => unreachable!("for_each_arg only passes known keys"),

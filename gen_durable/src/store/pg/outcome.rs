@@ -30,7 +30,8 @@ SELECT i.id, i.cancel_requested
 "#;
 
 /// Statement 2: apply every fenced outcome from parallel arrays, exactly as the table of
-/// §3.1 says. An `await` commits as `runnable` at once if a matching signal is in the
+/// §3.1 says. A `next` with run-ahead (`$13`) stays `executing` under the same claim, so
+/// the worker runs the next step without a re-pick; it is committed all the same. An `await` commits as `runnable` at once if a matching signal is in the
 /// inbox that the step did not already see in `ctx.awaited()` (`$12`): a signal that
 /// arrived while the step ran is not lost, and a step that re-awaits to accumulate
 /// signals parks until a new one comes instead of spinning on the ones it has; delete consumed signals by id and the whole inbox of finished rows;
@@ -40,13 +41,14 @@ const APPLY: &str = concat!(
     r#"
 WITH o AS (
     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
-                         $6::text[], $7::int8[], $8::text[], $9::int4[])
-           AS o(id, kind, step, state, result, error, delay_ms, awaits, children)
+                         $6::text[], $7::int8[], $8::text[], $9::int4[], $13::bool[])
+           AS o(id, kind, step, state, result, error, delay_ms, awaits, children, run_ahead)
 ), upd AS (
     UPDATE gd_instances i
        SET step = coalesce(o.step, i.step),
            state = o.state,
            status = (CASE
+               WHEN o.kind = 'next' AND o.run_ahead THEN 'executing'
                WHEN o.kind IN ('next', 'replay') THEN 'runnable'
                WHEN o.kind = 'await' THEN
                    CASE WHEN EXISTS (SELECT 1 FROM gd_signals s
@@ -76,8 +78,9 @@ WITH o AS (
            reaps = CASE WHEN o.kind IN ('next', 'await', 'schedule_childs') THEN 0 ELSE i.reaps END,
            children_pending = CASE WHEN o.kind = 'schedule_childs' THEN o.children
                                    ELSE i.children_pending END,
-           locked_by = NULL,
-           lease_expires_at = NULL,
+           -- Run-ahead keeps the claim: same worker, same epoch, same lease.
+           locked_by = CASE WHEN o.kind = 'next' AND o.run_ahead THEN i.locked_by END,
+           lease_expires_at = CASE WHEN o.kind = 'next' AND o.run_ahead THEN i.lease_expires_at END,
            updated_at = coalesce($11, now())
       FROM o
      WHERE i.id = o.id
@@ -93,7 +96,9 @@ WITH o AS (
 SELECT (SELECT count(pg_notify('gd_wake', q))
           FROM (SELECT queue AS q FROM upd WHERE status = 'runnable'
                 UNION SELECT queue FROM fanin WHERE status = 'runnable') w) AS notified,
-       (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted
+       (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted,
+       (SELECT coalesce(array_agg(id), '{}') FROM upd WHERE status = 'executing') AS continued,
+       coalesce($11, now()) AS now
 "#
 );
 
@@ -113,17 +118,29 @@ pub(crate) struct Commit<'a> {
     pub(crate) id: i64,
     pub(crate) epoch: i64,
     pub(crate) output: &'a StepOutput,
+    /// Commit a `next` as run-ahead (the worker decided it will go on).
+    pub(crate) run_ahead: bool,
 }
 
-/// Commits `batch` inside the caller's transaction (`conn` must be in one); returns the
-/// ids whose outcome was written. The others lost their lease and changed nothing.
+/// What a commit did.
+#[derive(Debug, Default)]
+pub(crate) struct Committed {
+    /// Ids whose outcome was written; the others lost their lease and changed nothing.
+    pub(crate) fenced: HashSet<i64>,
+    /// Of those, ids committed with run-ahead: still claimed by this worker.
+    pub(crate) continued: HashSet<i64>,
+    /// The clock's time at commit.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// Commits `batch` inside the caller's transaction (`conn` must be in one).
 /// Always a constant number of statements: two, plus one insert when children are spawned.
 pub(crate) async fn commit(
     conn: &mut PgConnection,
     node: &str,
     batch: &[Commit<'_>],
     now: Option<DateTime<Utc>>,
-) -> Result<HashSet<i64>> {
+) -> Result<Committed> {
     let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
     let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
     let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
@@ -139,7 +156,10 @@ pub(crate) async fn commit(
     };
     let live: Vec<&Commit<'_>> = batch.iter().filter(|c| fenced.contains(&c.id)).collect();
     if live.is_empty() {
-        return Ok(fenced);
+        return Ok(Committed {
+            fenced,
+            ..Committed::default()
+        });
     }
 
     // Children first, so each parent's counter is what was actually inserted.
@@ -170,6 +190,7 @@ pub(crate) async fn commit(
     let mut a_delay: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut a_awaits: Vec<Option<String>> = Vec::with_capacity(n);
     let mut a_children: Vec<i32> = Vec::with_capacity(n);
+    let mut a_run_ahead: Vec<bool> = Vec::with_capacity(n);
     let mut consumed: Vec<i64> = Vec::new();
     let mut seen: Vec<i64> = Vec::new();
     for c in &live {
@@ -183,6 +204,7 @@ pub(crate) async fn commit(
             _ => out.error.as_deref(),
         });
         a_children.push(spawned.get(&c.id).copied().unwrap_or(0));
+        a_run_ahead.push(c.run_ahead && matches!(outcome, Outcome::Next { .. }));
         let (step, result, delay, awaits) = match outcome {
             Outcome::Next { step } => (Some(*step), None, None, None),
             Outcome::Replay { delay } => (None, None, Some(millis(*delay)), None),
@@ -213,7 +235,7 @@ pub(crate) async fn commit(
             _ => {}
         }
     }
-    sqlx::query(APPLY)
+    let (_, _, continued, db_now): (i64, i64, Vec<i64>, DateTime<Utc>) = sqlx::query_as(APPLY)
         .bind(a_id)
         .bind(a_kind)
         .bind(a_step)
@@ -226,7 +248,12 @@ pub(crate) async fn commit(
         .bind(consumed)
         .bind(now)
         .bind(seen)
-        .execute(&mut *conn)
+        .bind(a_run_ahead)
+        .fetch_one(&mut *conn)
         .await?;
-    Ok(fenced)
+    Ok(Committed {
+        fenced,
+        continued: continued.into_iter().collect(),
+        now: Some(db_now),
+    })
 }
