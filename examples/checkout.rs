@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+mod common;
+
 use gen_durable::prelude::*;
 use gen_durable::Event;
 
@@ -75,8 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
-    let pool = examples_db::connect("gen_durable_examples").await?;
-    gen_durable::migrate(&pool).await?;
+    let pool = common::connect().await?;
 
     let engine = Engine::builder(pool.clone())
         .queue("checkout", 10)
@@ -169,42 +170,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shipped = rows.iter().filter(|r| r.1 == "done").count();
     println!("\n{shipped} shipped, {} timed out", rows.len() - shipped);
     Ok(())
-}
-
-/// Connects to (and creates if needed) the examples' own database.
-mod examples_db {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    use sqlx::{ConnectOptions, PgPool};
-
-    pub async fn connect(name: &str) -> Result<PgPool, Box<dyn std::error::Error>> {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let server: PgConnectOptions = url.parse()?;
-        let mut admin = match server.clone().connect().await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!(
-                    "cannot reach PostgreSQL at {url} ({e}).\n\
-                     Start one (e.g. `pg_ctlcluster 15 main start`, or\n\
-                     `docker run -e POSTGRES_HOST_AUTH_METHOD=trust -p 5432:5432 postgres`)\n\
-                     or set DATABASE_URL to a server you can create a database on."
-                );
-                std::process::exit(2);
-            }
-        };
-        let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(name)
-                .fetch_one(&mut admin)
-                .await?;
-        if !exists {
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&mut admin)
-                .await?;
-        }
-        Ok(PgPoolOptions::new()
-            .max_connections(10)
-            .connect_with(server.database(name))
-            .await?)
-    }
 }

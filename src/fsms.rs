@@ -20,6 +20,16 @@ pub async fn create_audit_table(pool: &sqlx::PgPool) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// What every FSM here does with a failed step (say its connection was killed): try
+/// again shortly, up to 20 times. The failed attempt's own writes rolled back with it.
+fn retry_shortly<F: Fsm>(err: StepError, attempt: i32) -> Step<F> {
+    if attempt < 20 {
+        Step::replay(Duration::from_millis(50)).with_error(err)
+    } else {
+        Step::stop(err)
+    }
+}
+
 /// What an `Audited` instance does in each step.
 #[derive(DurableState, Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
 pub struct Plan {
@@ -86,14 +96,8 @@ impl Audited {
         Ok(Step::done(json!({ "trail": ctx.state.trail })))
     }
 
-    /// A step whose own database work failed (say its connection was killed) tries
-    /// again shortly: its audit row rolled back with the failed attempt.
     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        if ctx.attempt() < 20 {
-            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
-        } else {
-            Ok(Step::stop(err))
-        }
+        Ok(retry_shortly(err, ctx.attempt()))
     }
 }
 
@@ -148,11 +152,7 @@ impl Keyed {
     }
 
     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        if ctx.attempt() < 20 {
-            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
-        } else {
-            Ok(Step::stop(err))
-        }
+        Ok(retry_shortly(err, ctx.attempt()))
     }
 }
 
@@ -197,11 +197,7 @@ impl FanParent {
     }
 
     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        if ctx.attempt() < 20 {
-            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
-        } else {
-            Ok(Step::stop(err))
-        }
+        Ok(retry_shortly(err, ctx.attempt()))
     }
 }
 
@@ -225,10 +221,6 @@ impl FanChild {
     }
 
     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        if ctx.attempt() < 20 {
-            Ok(Step::replay(Duration::from_millis(50)).with_error(err))
-        } else {
-            Ok(Step::stop(err))
-        }
+        Ok(retry_shortly(err, ctx.attempt()))
     }
 }
