@@ -46,13 +46,16 @@ impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
     }
 }
 
-/// The retry policy of a job: how many runs, and the backoff cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The retry policy of a job: how many runs, the backoff between them, and its cap.
+#[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
     /// Total runs allowed before the job fails (default 20).
     pub max_attempts: i32,
     /// The longest wait between runs (default 300 s).
     pub max_backoff: Duration,
+    /// The wait after failed run number `attempt + 1` (`#[durable_job(backoff = f)]`);
+    /// default `1 s · 2^attempt`. Capped by `max_backoff` either way.
+    pub backoff: Option<fn(i32) -> Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -60,9 +63,21 @@ impl Default for RetryPolicy {
         RetryPolicy {
             max_attempts: 20,
             max_backoff: Duration::from_secs(300),
+            backoff: None,
         }
     }
 }
+
+impl PartialEq for RetryPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        // Function pointers compare by address, the only identity they have.
+        self.max_attempts == other.max_attempts
+            && self.max_backoff == other.max_backoff
+            && self.backoff.map(|f| f as usize) == other.backoff.map(|f| f as usize)
+    }
+}
+
+impl Eq for RetryPolicy {}
 
 impl RetryPolicy {
     /// The outcome of a job run that ended with `result` on run number `attempt + 1`.
@@ -81,7 +96,10 @@ impl RetryPolicy {
 
     /// The delay before run number `attempt + 2`, after run `attempt + 1` failed.
     pub fn delay(&self, attempt: i32) -> Duration {
-        backoff_capped(attempt, self.max_backoff)
+        match self.backoff {
+            Some(f) => f(attempt).min(self.max_backoff),
+            None => backoff_capped(attempt, self.max_backoff),
+        }
     }
 
     fn retry_or_stop<F: Fsm>(&self, attempt: i32, msg: String) -> Step<F> {

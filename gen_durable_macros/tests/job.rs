@@ -61,7 +61,8 @@ fn metadata() {
         SendWelcome::RETRY_POLICY,
         RetryPolicy {
             max_attempts: 4,
-            max_backoff: Duration::from_secs(5)
+            max_backoff: Duration::from_secs(5),
+            backoff: None,
         }
     );
     assert_eq!(Defaults::RETRY_POLICY, RetryPolicy::default());
@@ -132,4 +133,20 @@ async fn a_panic_is_retried_like_an_error() {
         matches!(&out.outcome, Outcome::Stop { reason } if reason.contains("mailer bug")),
         "{out:?}"
     );
+}
+
+fn linear(attempt: i32) -> Duration {
+    Duration::from_secs(10 * (attempt as u64 + 1))
+}
+
+#[durable_job(max_attempts = 5, max_backoff_secs = 25, backoff = linear)]
+async fn custom_backoff(_args: serde_json::Value, _ctx: &mut JobCtx) -> JobResult {
+    Err(JobError::retry("always"))
+}
+
+#[test]
+fn a_custom_backoff_replaces_the_default_and_keeps_the_cap() {
+    let p = CustomBackoff::RETRY_POLICY;
+    let delays: Vec<u64> = (0..4).map(|a| p.delay(a).as_secs()).collect();
+    assert_eq!(delays, vec![10, 20, 25, 25]);
 }

@@ -27,6 +27,10 @@ pub(super) fn expand(input: &JobInput, model: Option<&JobModel>, errors: &Errors
     let (name, version, queue) = (&model.name, model.version, &model.queue);
     let max_reaps = model.max_reaps.map(|n| quote!(const MAX_REAPS: i32 = #n;));
     let (max_attempts, max_backoff) = (model.max_attempts, model.max_backoff_secs);
+    let backoff = match &model.backoff {
+        Some(f) => quote!(::core::option::Option::Some(#f as fn(i32) -> ::core::time::Duration)),
+        None => quote!(::core::option::Option::None),
+    };
     let doc = format!(
         "The durable job of [`{func}`]: a one-step FSM (step `\"{STEP}\"`) named `\"{name}\"`, \
          retried with capped exponential backoff up to {max_attempts} runs."
@@ -75,11 +79,12 @@ pub(super) fn expand(input: &JobInput, model: Option<&JobModel>, errors: &Errors
         #vis struct #ty;
 
         impl #ty {
-            /// How this job is retried: runs allowed and the backoff cap.
+            /// How this job is retried: runs allowed, the backoff and its cap.
             #vis const RETRY_POLICY: ::gen_durable::__private::RetryPolicy =
                 ::gen_durable::__private::RetryPolicy {
                     max_attempts: #max_attempts,
                     max_backoff: ::core::time::Duration::from_secs(#max_backoff),
+                    backoff: #backoff,
                 };
         }
 

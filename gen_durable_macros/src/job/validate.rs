@@ -3,7 +3,7 @@
 use syn::{FnArg, Ident, ReturnType, Type};
 
 use super::parse::JobInput;
-use crate::common::{for_each_arg, positive_int, string_value, upper_camel, Errors};
+use crate::common::{for_each_arg, positive_int, string_value, upper_camel, ArgValue, Errors};
 
 pub(super) struct JobModel {
     /// The generated unit type, `SendWelcome` for `send_welcome`.
@@ -16,6 +16,8 @@ pub(super) struct JobModel {
     pub(super) max_reaps: Option<i32>,
     pub(super) max_attempts: i32,
     pub(super) max_backoff_secs: u64,
+    /// A custom backoff function, `fn(i32) -> Duration`.
+    pub(super) backoff: Option<syn::Expr>,
     /// False if the signature is wrong: `run_step` is then a stub.
     pub(super) callable: bool,
 }
@@ -24,6 +26,7 @@ const KEYS: &[(&str, &str)] = &[
     ("queue", "queue = \"mail\""),
     ("max_attempts", "max_attempts = 20"),
     ("max_backoff_secs", "max_backoff_secs = 300"),
+    ("backoff", "backoff = my_backoff"),
     ("name", "name = \"SendWelcome\""),
     ("version", "version = 2"),
     ("max_reaps", "max_reaps = 10"),
@@ -43,6 +46,7 @@ pub(super) fn validate(input: &JobInput, errors: &mut Errors) -> Option<JobModel
         max_reaps: None,
         max_attempts: 20,
         max_backoff_secs: 300,
+        backoff: None,
         callable: true,
     };
     for_each_arg(
@@ -77,6 +81,15 @@ pub(super) fn validate(input: &JobInput, errors: &mut Errors) -> Option<JobModel
                     model.max_backoff_secs =
                         int(errors).map_or(model.max_backoff_secs, |n| n as u64)
                 }
+                "backoff" => match value {
+                    ArgValue::Expr(e @ syn::Expr::Path(_)) => model.backoff = Some(e.clone()),
+                    other => errors.push(syn::Error::new_spanned(
+                        other.tokens(),
+                        format!(
+                            "`backoff` must name a function `fn(attempt: i32) -> Duration`, e.g. `{example}`"
+                        ),
+                    )),
+                },
                 _ => unreachable!("for_each_arg only passes known keys"),
             }
         },
