@@ -1,9 +1,69 @@
 //! # gen_durable
 //!
 //! Durable finite-state machines for Rust on PostgreSQL. Declare an FSM, insert
-//! instances, deliver signals; workers run one step at a time outside any
-//! transaction and commit each step's outcome, fenced by a lease, before the
-//! instance goes on. See the README for the tour and the guarantees.
+//! instances, deliver signals; workers run one step at a time outside any transaction
+//! and commit each step's outcome, fenced by a lease, before the instance goes on. A
+//! process may die at any instruction: the instance resumes from its last committed step.
+//!
+//! ```no_run
+//! use gen_durable::prelude::*;
+//!
+//! #[derive(DurableState, Serialize, Deserialize, Default, Debug, Clone)]
+//! pub struct CheckoutState {
+//!     pub order: u64,
+//!     #[durable(default)]
+//!     pub paid: Option<u64>,
+//! }
+//!
+//! // The variants are the steps; transitions name variants, so a wrong target is a
+//! // compile error.
+//! #[durable_fsm(state = CheckoutState, queue = "checkout", version = 2)]
+//! pub enum Checkout {
+//!     #[initial]
+//!     Reserve,
+//!     Ship,
+//! }
+//!
+//! #[durable_steps]
+//! impl Checkout {
+//!     async fn reserve(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+//!         Ok(Step::await_signal(["payment_confirmed"], Checkout::Ship)
+//!             .timeout(Duration::from_secs(3600)))
+//!     }
+//!
+//!     async fn ship(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+//!         let paid = ctx.awaited().first().map(|s| s.payload()["amount"].clone());
+//!         Ok(Step::done(json!({ "shipped": true, "paid": paid })))
+//!     }
+//!
+//!     /// Optional: what a failed step (an `Err` or a panic) turns into.
+//!     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
+//!         if ctx.attempt() < 5 { Ok(Step::replay(backoff(ctx.attempt()))) } else { Ok(Step::stop(err)) }
+//!     }
+//! }
+//!
+//! /// The job form: a one-step FSM with retries (`SendWelcome` is generated).
+//! #[durable_job(queue = "mail", max_attempts = 20)]
+//! async fn send_welcome(args: CheckoutState, ctx: &mut JobCtx) -> JobResult {
+//!     Ok(json!({ "sent": args.order }))
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool) -> gen_durable::Result<()> {
+//! gen_durable::migrate(&pool).await?;
+//! let gd = Client::new(pool.clone());
+//! let id = gd.insert::<Checkout>(CheckoutState { order: 42, ..Default::default() })
+//!     .partition_key("order:42")
+//!     .await?;
+//! gd.signal(id, "payment_confirmed", json!({ "amount": 100 })).dedup_key("evt-7").await?;
+//! gd.insert::<SendWelcome>(CheckoutState { order: 42, paid: None }).await?;
+//!
+//! let engine = Engine::builder(pool).queue("checkout", 5).queue("mail", 10).start().await?;
+//! let report = engine.shutdown(Duration::from_secs(30)).await; // graceful drain
+//! # Ok(()) }
+//! ```
+//!
+//! The README states the guarantees precisely; `gen_durable_testkit` runs the same FSMs
+//! in memory on a virtual clock for tests.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
