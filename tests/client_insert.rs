@@ -332,3 +332,44 @@ async fn an_insert_notifies_the_queue_once_per_statement() {
     );
     db.close().await;
 }
+
+#[tokio::test]
+async fn a_burst_of_inserts_coalesces_its_wake_ups() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone()).notify_window(Duration::from_millis(500));
+    let mut listener = sqlx::postgres::PgListener::connect_with(db.pool())
+        .await
+        .unwrap();
+    listener.listen("gd_wake").await.unwrap();
+    let started = std::time::Instant::now();
+    for i in 0..20 {
+        gd.insert::<Checkout>(order(i)).await.unwrap();
+    }
+    let burst = started.elapsed();
+    // The first insert notifies at once; the rest of its window is one trailing wake-up.
+    let first = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.payload(), "checkout");
+    let trailing = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(trailing.payload(), "checkout");
+    let mut more = 0;
+    while tokio::time::timeout(Duration::from_millis(700), listener.recv())
+        .await
+        .is_ok()
+    {
+        more += 1;
+    }
+    // One more per window the burst itself spanned, at most (20 without coalescing).
+    let windows = (burst.as_millis() / 500) as usize;
+    assert!(
+        more <= windows,
+        "{} wake-ups for 20 inserts in {burst:?}",
+        2 + more
+    );
+    db.close().await;
+}

@@ -4,6 +4,7 @@ use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
@@ -11,6 +12,7 @@ use sqlx::{PgExecutor, PgPool};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::notify::Notifier;
 use crate::options::{insert_option_setters, InsertOptions};
 use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
@@ -38,17 +40,27 @@ pub struct Client {
     clock: Clock,
     registry: Arc<Registry>,
     max_signal_payload: usize,
+    notifier: Arc<Notifier>,
 }
 
 impl Client {
     /// A client on `pool`, knowing every FSM linked into the binary (for `insert_json`).
     pub fn new(pool: PgPool) -> Self {
         Client {
+            notifier: Notifier::new(pool.clone(), crate::notify::DEFAULT_WINDOW),
             pool,
             clock: Clock::database(),
             registry: Arc::new(Registry::linked()),
             max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
         }
+    }
+
+    /// Sends at most one insert wake-up per queue per `window` (default 20 ms; zero:
+    /// one per statement). A NOTIFY serializes commits, so bursts of inserts coalesce
+    /// theirs; a skipped wake-up is sent at the end of the window.
+    pub fn notify_window(mut self, window: Duration) -> Self {
+        self.notifier = Notifier::new(self.pool.clone(), window);
+        self
     }
 
     /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
@@ -178,10 +190,23 @@ impl Client {
         }
     }
 
+    /// The queues of `rows` this statement wakes itself (see [`Client::notify_window`]).
+    fn notify_for(&self, rows: &[NewInstance]) -> Vec<String> {
+        let mut queues: Vec<&str> = rows.iter().map(|r| r.queue.as_str()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        self.notifier.claim(queues)
+    }
+
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let key = row.unique_key.clone();
-        let ids =
-            pg::insert::insert_rows(db, std::slice::from_ref(&row), self.clock.now_param()).await?;
+        let ids = pg::insert::insert_rows(
+            db,
+            std::slice::from_ref(&row),
+            &self.notify_for(std::slice::from_ref(&row)),
+            self.clock.now_param(),
+        )
+        .await?;
         ids.first().copied().ok_or_else(|| Error::Duplicate {
             key: key.unwrap_or_default(),
         })
@@ -307,7 +332,8 @@ impl<F: Fsm> InsertAll<'_, F> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        pg::insert::insert_rows(db, &rows, self.client.clock.now_param()).await
+        let notify = self.client.notify_for(&rows);
+        pg::insert::insert_rows(db, &rows, &notify, self.client.clock.now_param()).await
     }
 }
 

@@ -75,6 +75,7 @@ mod error;
 mod fsm;
 mod job;
 mod migrate;
+mod notify;
 mod options;
 mod registry;
 pub mod runtime;

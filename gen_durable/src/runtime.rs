@@ -162,8 +162,11 @@ pub struct NewInstance {
 }
 
 impl NewInstance {
-    /// Builds a row from a resolved FSM identity, a state and insert options.
-    pub(crate) fn from_parts(
+    /// Builds a row from a resolved FSM identity, a state and insert options: the step
+    /// defaults to `initial`, the queue to `default_queue`, a unique key without a scope
+    /// holds in every non-terminal status, and `eligible_at` takes precedence over
+    /// `schedule_at`, which takes precedence over `schedule_in`.
+    pub fn from_parts(
         fsm: &str,
         version: i32,
         initial: &str,

@@ -20,6 +20,8 @@ pub(crate) struct CommitRequest {
     pub(crate) epoch: i64,
     pub(crate) output: StepOutput,
     pub(crate) run_ahead: bool,
+    /// The queue the step ran on, for its wake-up.
+    pub(crate) queue: Arc<str>,
     pub(crate) reply: oneshot::Sender<Result<CommitReply>>,
 }
 
@@ -58,7 +60,11 @@ pub(crate) fn retryable(err: &Error) -> bool {
 
 /// Commits `batch` in one transaction, retrying a deadlock or a dropped connection a
 /// few times.
-pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Result<Committed> {
+pub(crate) async fn commit_batch(
+    shared: &Shared,
+    batch: &[Commit<'_>],
+    notify: &[String],
+) -> Result<Committed> {
     let mut tries = 0;
     loop {
         let attempt = async {
@@ -68,6 +74,7 @@ pub(crate) async fn commit_batch(shared: &Shared, batch: &[Commit<'_>]) -> Resul
                 &mut tx,
                 &shared.cfg.node_id,
                 batch,
+                notify,
                 shared.clock.now_param(),
             )
             .await?;
@@ -132,7 +139,11 @@ pub(crate) async fn run(
                 run_ahead: r.run_ahead,
             })
             .collect();
-        let result = commit_batch(&shared, &batch).await;
+        let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let notify = shared.notifier.claim(queues);
+        let result = commit_batch(&shared, &batch, &notify).await;
         drop(batch);
         for r in pending.drain(..) {
             let reply = match &result {

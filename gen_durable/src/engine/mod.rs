@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) leases: Mutex<HashMap<i64, i64>>,
     pub(crate) committer: mpsc::Sender<committer::CommitRequest>,
     pub(crate) timeouts_wake: Notify,
+    /// Coalesces the wake-ups of outcome commits.
+    pub(crate) notifier: Arc<crate::notify::Notifier>,
     /// The cancellation token of every step running on this node, by instance id.
     pub(crate) running: Mutex<HashMap<i64, CancellationToken>>,
 }
@@ -88,6 +90,7 @@ pub struct EngineBuilder {
     clock: Clock,
     registry: Registry,
     telemetry: Telemetry,
+    notify_window: Duration,
 }
 
 impl EngineBuilder {
@@ -159,6 +162,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Sends at most one wake-up per queue per `window` for committed `next`/`replay`
+    /// outcomes (default 20 ms; zero: one per commit). See `Client::notify_window`.
+    pub fn notify_window(mut self, window: Duration) -> Self {
+        self.notify_window = window;
+        self
+    }
+
     /// Most outcomes committed in one group commit (default 512).
     pub fn commit_batch(mut self, n: usize) -> Self {
         self.cfg.commit_batch = n;
@@ -227,7 +237,7 @@ impl EngineBuilder {
         let (names, versions) = self.registry.name_version_arrays();
         let (commit_tx, commit_rx) = mpsc::channel(self.cfg.commit_batch * 4);
         let shared = Arc::new(Shared {
-            pool: self.pool,
+            pool: self.pool.clone(),
             cfg: self.cfg,
             clock: self.clock,
             registry: self.registry,
@@ -243,6 +253,7 @@ impl EngineBuilder {
             leases: Mutex::new(HashMap::new()),
             committer: commit_tx,
             timeouts_wake: Notify::new(),
+            notifier: crate::notify::Notifier::new(self.pool.clone(), self.notify_window),
             running: Mutex::new(HashMap::new()),
         });
 
@@ -273,6 +284,7 @@ impl EngineBuilder {
             let wake = Arc::new(Notify::new());
             wakes.insert(name.clone(), wake.clone());
             let runner = queue::QueueRunner {
+                queue: Arc::from(name.as_str()),
                 name,
                 cfg,
                 shared: shared.clone(),
@@ -359,6 +371,7 @@ impl Engine {
             clock: Clock::database(),
             registry: Registry::linked(),
             telemetry: Telemetry::default(),
+            notify_window: crate::notify::DEFAULT_WINDOW,
         }
     }
 

@@ -41,6 +41,8 @@ pub(crate) struct QueueRunner {
     pub(crate) wake: Arc<Notify>,
     /// Cancelled when the engine stops picking: running steps then stop running ahead.
     pub(crate) draining: CancellationToken,
+    /// The queue's name, shared with its steps.
+    pub(crate) queue: Arc<str>,
 }
 
 struct Running {
@@ -213,6 +215,7 @@ impl QueueRunner {
                 row,
                 cancel.clone(),
                 self.draining.clone(),
+                self.queue.clone(),
             ));
             running.insert(handle.id(), Running { id, epoch, cancel });
         }
@@ -307,6 +310,7 @@ async fn run_step(
     row: claim::Claimed,
     cancel: CancellationToken,
     draining: CancellationToken,
+    queue: Arc<str>,
 ) -> Option<Duration> {
     let (id, epoch) = (row.id, row.lease_epoch);
     let replay_after = match shared.registry.get(&row.fsm, row.fsm_version).copied() {
@@ -323,7 +327,7 @@ async fn run_step(
                 cancel: cancel.clone(),
                 pool: Some(shared.pool.clone()),
             };
-            run_chain(&shared, entry, epoch, input, &draining).await
+            run_chain(&shared, &queue, entry, epoch, input, &draining).await
         }
         None => {
             // Claims only ask for registered pairs; if this happens, leave it to the reaper.
@@ -339,6 +343,7 @@ async fn run_step(
 /// The steps one claim runs: one, or several with run-ahead.
 async fn run_chain(
     shared: &Shared,
+    queue: &Arc<str>,
     entry: FsmEntry,
     epoch: i64,
     mut input: StepInput,
@@ -376,7 +381,7 @@ async fn run_chain(
             _ => None,
         };
         let duration = output.duration;
-        match commit(shared, id, epoch, output, run_ahead).await {
+        match commit(shared, queue, id, epoch, output, run_ahead).await {
             Ok(reply) if reply.committed => {
                 if parks_with_timeout {
                     shared.timeouts_wake.notify_one();
@@ -431,6 +436,7 @@ async fn run_chain(
 /// `ctx.transaction()` (its writes and the outcome commit together or not at all).
 async fn commit(
     shared: &Shared,
+    queue: &Arc<str>,
     id: i64,
     epoch: i64,
     mut output: StepOutput,
@@ -448,10 +454,12 @@ async fn commit(
         fail::fail_point!("gd::before_commit", |_| Err(super::committer::injected(
             "before commit"
         )));
+        let notify = shared.notifier.claim([&**queue]);
         let done = outcome::commit(
             &mut tx,
             &shared.cfg.node_id,
             &batch,
+            &notify,
             shared.clock.now_param(),
         )
         .await?;
@@ -471,6 +479,7 @@ async fn commit(
         epoch,
         output,
         run_ahead,
+        queue: queue.clone(),
         reply,
     };
     if shared.committer.send(req).await.is_err() {

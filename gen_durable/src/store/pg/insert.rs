@@ -12,7 +12,8 @@ use crate::store::pg::millis;
 /// concurrent batches take index locks in the same order and cannot deadlock. A row
 /// whose key is occupied (by a stored row or an earlier row of the same batch) is
 /// dropped by `ON CONFLICT … DO NOTHING` on the partial unique index over
-/// `unique_guard`. One `pg_notify` per distinct queue of the rows that are runnable now.
+/// `unique_guard`. One `pg_notify` per distinct queue of the rows that are runnable now,
+/// among the queues in `$15` (the caller's [`crate::notify::Notifier`] coalesces them).
 const INSERT: &str = r#"
 WITH input AS (
     SELECT *
@@ -40,7 +41,7 @@ SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(parent_id ORDER BY id), '{}') AS parents,
        (SELECT count(pg_notify('gd_wake', q))
           FROM (SELECT DISTINCT queue AS q FROM ins
-                 WHERE eligible_at <= coalesce($13, now())) d) AS notified
+                 WHERE eligible_at <= coalesce($13, now()) AND queue = ANY ($15::text[])) d) AS notified
 FROM ins
 "#;
 
@@ -49,10 +50,13 @@ FROM ins
 pub(crate) async fn insert_rows<'e>(
     db: impl PgExecutor<'e>,
     rows: &[NewInstance],
+    notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<i64>> {
     let parents = vec![None; rows.len()];
-    Ok(insert_with_parents(db, rows, &parents, now).await?.0)
+    Ok(insert_with_parents(db, rows, &parents, notify, now)
+        .await?
+        .0)
 }
 
 /// Inserts `rows`, row `i` as a child of `parents[i]`; returns the inserted ids and,
@@ -61,6 +65,7 @@ pub(crate) async fn insert_with_parents<'e>(
     db: impl PgExecutor<'e>,
     rows: &[NewInstance],
     parents: &[Option<i64>],
+    notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<(Vec<i64>, Vec<Option<i64>>)> {
     let n = rows.len();
@@ -109,6 +114,7 @@ pub(crate) async fn insert_with_parents<'e>(
         .bind(max_reaps)
         .bind(now)
         .bind(parents)
+        .bind(notify)
         .fetch_one(db)
         .await?;
     Ok((ids, parent_ids))

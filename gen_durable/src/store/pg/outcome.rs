@@ -36,7 +36,8 @@ SELECT i.id, i.cancel_requested
 /// arrived while the step ran is not lost, and a step that re-awaits to accumulate
 /// signals parks until a new one comes instead of spinning on the ones it has; delete consumed signals by id and the whole inbox of finished rows;
 /// decrement each finished child's parent once per child and wake a parent whose count
-/// reaches zero; one NOTIFY per queue that got runnable work.
+/// reaches zero; one NOTIFY per queue that got runnable work: always for a woken parent,
+/// and for the steps' own queues among `$14` (coalesced by the engine's notifier).
 const APPLY: &str = concat!(
     r#"
 WITH o AS (
@@ -94,7 +95,7 @@ WITH o AS (
     fan_in!("upd", "$11", ""),
     r#"
 SELECT (SELECT count(pg_notify('gd_wake', q))
-          FROM (SELECT queue AS q FROM upd WHERE status = 'runnable'
+          FROM (SELECT queue AS q FROM upd WHERE status = 'runnable' AND queue = ANY ($14::text[])
                 UNION SELECT queue FROM fanin WHERE status = 'runnable') w) AS notified,
        (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted,
        (SELECT coalesce(array_agg(id), '{}') FROM upd WHERE status = 'executing') AS continued,
@@ -139,6 +140,7 @@ pub(crate) async fn commit(
     conn: &mut PgConnection,
     node: &str,
     batch: &[Commit<'_>],
+    notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<Committed> {
     let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
@@ -174,7 +176,14 @@ pub(crate) async fn commit(
     }
     let mut spawned: HashMap<i64, i32> = HashMap::new();
     if !rows.is_empty() {
-        let (_, inserted_parents) = insert_with_parents(&mut *conn, &rows, &parents, now).await?;
+        let queues: Vec<String> = {
+            let mut q: Vec<String> = rows.iter().map(|r| r.queue.clone()).collect();
+            q.sort();
+            q.dedup();
+            q
+        };
+        let (_, inserted_parents) =
+            insert_with_parents(&mut *conn, &rows, &parents, &queues, now).await?;
         for p in inserted_parents.into_iter().flatten() {
             *spawned.entry(p).or_default() += 1;
         }
@@ -249,6 +258,7 @@ pub(crate) async fn commit(
         .bind(now)
         .bind(seen)
         .bind(a_run_ahead)
+        .bind(notify)
         .fetch_one(&mut *conn)
         .await?;
     Ok(Committed {

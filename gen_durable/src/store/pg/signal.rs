@@ -70,3 +70,12 @@ pub(crate) async fn deliver<'e>(
         woke: woke > 0,
     })
 }
+
+/// A bare wake-up for one queue, outside any other statement: the trailing edge of a
+/// coalesced burst (see `crate::notify`).
+const NOTIFY_QUEUE: &str = "SELECT pg_notify('gd_wake', $1)";
+
+pub(crate) async fn notify_queue<'e>(db: impl PgExecutor<'e>, queue: &str) -> Result<()> {
+    sqlx::query(NOTIFY_QUEUE).bind(queue).execute(db).await?;
+    Ok(())
+}
