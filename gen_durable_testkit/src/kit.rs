@@ -2,13 +2,14 @@
 
 use std::collections::HashMap;
 use std::future::{ready, IntoFuture, Ready};
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
-use gen_durable::{Clock, Delivery, Error, Event, Fsm, FsmEntry, Registry, Result, Status};
+use gen_durable::{
+    Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, InsertOptions, Registry, Result, Status,
+};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -145,20 +146,21 @@ impl TestKit {
     pub fn insert<F: Fsm>(&mut self, state: F::State) -> KitInsert<'_, F> {
         KitInsert {
             kit: self,
-            entry: KitEntry::new(state),
+            entry: Entry::new(state),
         }
     }
 
-    /// Inserts many instances of `F` at once; rows whose unique key is occupied (by a
-    /// stored row or an earlier entry) are dropped. Returns the inserted ids, ascending.
+    /// Inserts many instances of `F` at once, each a [`gen_durable::Entry`] as for
+    /// `Client::insert_all`; rows whose unique key is occupied (by a stored row or an
+    /// earlier entry) are dropped. Returns the inserted ids, ascending.
     pub fn insert_all<F: Fsm>(
         &mut self,
-        entries: impl IntoIterator<Item = KitEntry<F>>,
+        entries: impl IntoIterator<Item = Entry<F>>,
     ) -> Ready<Result<Vec<i64>>> {
         self.registry.register::<F>();
         let rows = entries
             .into_iter()
-            .map(KitEntry::into_row)
+            .map(Entry::into_new_instance)
             .collect::<Result<Vec<_>>>();
         ready(rows.map(|rows| self.insert_rows(rows)))
     }
@@ -177,7 +179,18 @@ impl TestKit {
             entry.check_step(step)?;
         }
         entry.check_state(&state)?;
-        let row = new_instance(&entry, state, Options::default().with_step(step));
+        let mut row = NewInstance::from_parts(
+            entry.name,
+            entry.version,
+            entry.initial(),
+            entry.queue,
+            entry.max_reaps,
+            state,
+            InsertOptions::default(),
+        );
+        if let Some(step) = step {
+            row.step = step.to_string();
+        }
         self.insert_one(row)
     }
 
@@ -555,129 +568,51 @@ impl SignalSender {
     }
 }
 
-/// Insert options, mirroring `gen_durable`'s (`step`, `queue`, `priority`,
-/// `partition_key`, `unique_key`, `unique_scope`, `eligible_at`, `schedule_at`,
-/// `schedule_in`).
-#[derive(Debug, Clone, Default)]
-struct Options {
-    step: Option<String>,
-    queue: Option<String>,
-    priority: i16,
-    partition_key: Option<String>,
-    unique_key: Option<String>,
-    unique_scope: Option<Vec<Status>>,
-    eligible_at: Option<DateTime<Utc>>,
-    schedule_at: Option<DateTime<Utc>>,
-    schedule_in: Option<Duration>,
-}
-
-impl Options {
-    fn with_step(mut self, step: Option<&str>) -> Self {
-        self.step = step.map(str::to_string);
-        self
-    }
-}
-
-/// Resolves options like `NewInstance::from_parts`: a key without a scope holds in every
-/// non-terminal status; eligible_at → schedule_at → schedule_in.
-fn new_instance(entry: &FsmEntry, state: Value, o: Options) -> NewInstance {
-    let absolute = o.eligible_at.or(o.schedule_at);
-    NewInstance {
-        fsm: entry.name.to_string(),
-        version: entry.version,
-        step: o.step.unwrap_or_else(|| entry.initial().to_string()),
-        state,
-        queue: o.queue.unwrap_or_else(|| entry.queue.to_string()),
-        priority: o.priority,
-        partition_key: o.partition_key,
-        unique_scope: match (&o.unique_key, o.unique_scope) {
-            (None, _) => None,
-            (Some(_), Some(scope)) => Some(scope),
-            (Some(_), None) => Some(Status::NON_TERMINAL.to_vec()),
-        },
-        unique_key: o.unique_key,
-        eligible_at: absolute,
-        delay: if absolute.is_some() {
-            None
-        } else {
-            o.schedule_in
-        },
-        max_reaps: entry.max_reaps,
-    }
-}
-
-macro_rules! option_setters {
-    ($($field:ident).+) => {
-        /// Starts at this step (its stored name) instead of the FSM's initial step.
-        pub fn step(mut self, step: impl Into<String>) -> Self { self.$($field).+.step = Some(step.into()); self }
-        /// Runs on this queue instead of the FSM's.
-        pub fn queue(mut self, queue: impl Into<String>) -> Self { self.$($field).+.queue = Some(queue.into()); self }
-        /// Lower runs first; default 0.
-        pub fn priority(mut self, priority: i16) -> Self { self.$($field).+.priority = priority; self }
-        /// Instances sharing a partition key never run steps at the same time.
-        pub fn partition_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.partition_key = Some(key.into()); self }
-        /// At most one instance holds this key while its status is in the unique scope.
-        pub fn unique_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.unique_key = Some(key.into()); self }
-        /// The statuses in which the unique key is occupied; default: every non-terminal status.
-        pub fn unique_scope(mut self, scope: impl IntoIterator<Item = Status>) -> Self { self.$($field).+.unique_scope = Some(scope.into_iter().collect()); self }
-        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
-        pub fn eligible_at(mut self, at: DateTime<Utc>) -> Self { self.$($field).+.eligible_at = Some(at); self }
-        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
-        pub fn schedule_at(mut self, at: DateTime<Utc>) -> Self { self.$($field).+.schedule_at = Some(at); self }
-        /// Runnable this long after the kit's virtual now.
-        pub fn schedule_in(mut self, delay: Duration) -> Self { self.$($field).+.schedule_in = Some(delay); self }
-    };
-}
-
-/// One instance to insert with [`TestKit::insert_all`]: a state and its options (the
-/// kit's counterpart of `gen_durable::Entry`).
-pub struct KitEntry<F: Fsm> {
-    state: F::State,
-    opts: Options,
-    _fsm: PhantomData<F>,
-}
-
-impl<F: Fsm> std::fmt::Debug for KitEntry<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KitEntry")
-            .field("fsm", &F::NAME)
-            .field("opts", &self.opts)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F: Fsm> KitEntry<F> {
-    /// An entry starting from `state`, with default options.
-    pub fn new(state: F::State) -> Self {
-        KitEntry {
-            state,
-            opts: Options::default(),
-            _fsm: PhantomData,
-        }
-    }
-
-    option_setters!(opts);
-
-    fn into_row(self) -> Result<NewInstance> {
-        let state = serde_json::to_value(&self.state)?;
-        let entry = FsmEntry::of::<F>();
-        if let Some(step) = &self.opts.step {
-            entry.check_step(step)?;
-        }
-        Ok(new_instance(&entry, state, self.opts))
-    }
-}
-
-/// A pending insert into a [`TestKit`]; `.await` it.
+/// A pending insert into a [`TestKit`]: a [`gen_durable::Entry`] and the kit it goes
+/// into. Set options (as on `Client::insert`), then `.await` it.
 #[derive(Debug)]
 #[must_use = "an insert does nothing until awaited"]
 pub struct KitInsert<'k, F: Fsm> {
     kit: &'k mut TestKit,
-    entry: KitEntry<F>,
+    entry: Entry<F>,
+}
+
+/// Generates setters that forward to the [`Entry`] setter of the same name.
+macro_rules! forward_to_entry {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(self, $arg: $ty) -> Self {
+                KitInsert {
+                    entry: self.entry.$name($arg),
+                    ..self
+                }
+            }
+        )*
+    };
 }
 
 impl<F: Fsm> KitInsert<'_, F> {
-    option_setters!(entry.opts);
+    forward_to_entry! {
+        /// Starts at this step (its stored name) instead of the FSM's initial step.
+        step(step: impl Into<String>);
+        /// Runs on this queue instead of the FSM's.
+        queue(queue: impl Into<String>);
+        /// Lower runs first; default 0.
+        priority(priority: i16);
+        /// Instances sharing a partition key never run steps at the same time.
+        partition_key(key: impl Into<String>);
+        /// At most one instance holds this key while its status is in the unique scope.
+        unique_key(key: impl Into<String>);
+        /// The statuses in which the unique key is occupied; default: every non-terminal status.
+        unique_scope(scope: impl IntoIterator<Item = Status>);
+        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
+        eligible_at(at: DateTime<Utc>);
+        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
+        schedule_at(at: DateTime<Utc>);
+        /// Runnable this long after the kit's virtual now.
+        schedule_in(delay: Duration);
+    }
 }
 
 impl<F: Fsm> IntoFuture for KitInsert<'_, F> {
@@ -687,7 +622,7 @@ impl<F: Fsm> IntoFuture for KitInsert<'_, F> {
         self.kit.registry.register::<F>();
         ready(
             self.entry
-                .into_row()
+                .into_new_instance()
                 .and_then(|row| self.kit.insert_one(row)),
         )
     }

@@ -60,8 +60,6 @@ mod store;
 mod tally;
 
 pub use instance::Instance;
-pub use kit::{
-    epoch, Cancelled, KitEntry, KitInsert, KitSignal, SignalSender, TestKit, DEFAULT_MAX_STEPS,
-};
+pub use kit::{epoch, Cancelled, KitInsert, KitSignal, SignalSender, TestKit, DEFAULT_MAX_STEPS};
 pub use pg::TestDb;
 pub use tally::Tally;

@@ -15,9 +15,7 @@ use chrono::{DateTime, Utc};
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, QueueConfig, Result, Status,
 };
-use gen_durable_testkit::{
-    epoch, Cancelled, Instance, KitEntry, SignalSender, Tally, TestDb, TestKit,
-};
+use gen_durable_testkit::{epoch, Cancelled, Instance, SignalSender, Tally, TestDb, TestKit};
 use serde_json::Value;
 
 /// Insert options a scenario may set, applied to either backend's builder.
@@ -199,7 +197,7 @@ impl Backend for Kit {
     async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>> {
         let entries = rows
             .into_iter()
-            .map(|(s, o)| with_opts!(KitEntry::<F>::new(s), o));
+            .map(|(s, o)| with_opts!(Entry::<F>::new(s), o));
         self.kit.insert_all(entries).await
     }
     async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {

@@ -4,8 +4,8 @@
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use gen_durable::{Child, Event, Step, StepError};
-use gen_durable_testkit::{Instance, KitEntry, Tally, TestKit};
+use gen_durable::{Child, Entry, Event, Step, StepError};
+use gen_durable_testkit::{Instance, Tally, TestKit};
 use serde_json::json;
 
 use crate::fsms::*;
@@ -51,9 +51,9 @@ async fn mixed() -> (Vec<Tally>, Vec<Instance>) {
         .unwrap();
     kit.insert::<Replayer>(S::default()).await.unwrap();
     kit.insert_all([
-        KitEntry::<Counter>::new(S::n(1)).priority(3),
-        KitEntry::<Counter>::new(S::n(2)).unique_key("c"),
-        KitEntry::<Counter>::new(S::n(3)).unique_key("c"),
+        Entry::<Counter>::new(S::n(1)).priority(3),
+        Entry::<Counter>::new(S::n(2)).unique_key("c"),
+        Entry::<Counter>::new(S::n(3)).unique_key("c"),
     ])
     .await
     .unwrap();
