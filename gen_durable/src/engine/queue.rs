@@ -45,6 +45,16 @@ pub(crate) struct QueueRunner {
     pub(crate) queue: Arc<str>,
 }
 
+/// What a pick found.
+enum Picked {
+    /// The queue had fewer ready rows than asked for: nothing more until a wake-up or a poll.
+    Drained(usize),
+    /// Every claim came back full, or too few slots were free to pick: there may be more.
+    More,
+    /// The claim failed (logged); try again at the next poll.
+    Failed,
+}
+
 struct Running {
     id: i64,
     epoch: i64,
@@ -69,10 +79,10 @@ impl QueueRunner {
             if pick_now && !stop_picking.is_cancelled() {
                 let got = self.pick(&mut buffer, tasks.len()).await;
                 poll = match got {
-                    Some(0) => (poll * 2).min(self.cfg.max_poll_interval),
+                    Picked::Drained(0) => (poll * 2).min(self.cfg.max_poll_interval),
                     _ => self.cfg.poll_interval,
                 };
-                maybe_more = matches!(got, Some(n) if n > 0);
+                maybe_more = matches!(got, Picked::More);
             }
             self.dispatch(&mut buffer, &mut tasks, &mut running);
             self.shared.telemetry.emit(Event::SchedulerSaturation {
@@ -88,17 +98,23 @@ impl QueueRunner {
                 _ = stop_picking.cancelled() => break,
                 _ = self.wake.notified() => pick_now = true,
                 Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    let task_id = match done {
-                        Ok((tid, replay)) => {
-                            if let Some(d) = replay {
-                                let at = Instant::now() + d;
-                                wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                    // A group commit finishes many steps at once: collect every step that
+                    // is done by now, then refill their slots with one claim.
+                    tokio::task::yield_now().await;
+                    let mut done = Some(done);
+                    while let Some(d) = done.take().or_else(|| tasks.try_join_next_with_id()) {
+                        let task_id = match d {
+                            Ok((tid, replay)) => {
+                                if let Some(d) = replay {
+                                    let at = Instant::now() + d;
+                                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                                }
+                                tid
                             }
-                            tid
-                        }
-                        Err(e) => e.id(),
-                    };
-                    running.remove(&task_id);
+                            Err(e) => e.id(),
+                        };
+                        running.remove(&task_id);
+                    }
                     pick_now = maybe_more || !buffer.is_empty();
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
@@ -112,20 +128,21 @@ impl QueueRunner {
         self.drain(buffer, tasks, running, deadline).await
     }
 
-    /// Claims up to the free demand; returns how many rows came back (None on error).
-    async fn pick(&self, buffer: &mut VecDeque<claim::Claimed>, in_flight: usize) -> Option<usize> {
+    /// Claims up to the free demand, in as many claims as come back full.
+    async fn pick(&self, buffer: &mut VecDeque<claim::Claimed>, in_flight: usize) -> Picked {
         let mut total = 0;
         loop {
             let demand =
                 (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(in_flight + buffer.len());
             if demand < self.cfg.min_demand {
-                return Some(total);
+                // Not enough free slots to pick now; the queue may well hold more.
+                return Picked::More;
             }
             let rows = match self.claim(demand).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(target: "gen_durable::pick", queue = %self.name, error = %e, "pick failed");
-                    return None;
+                    return Picked::Failed;
                 }
             };
             let count = rows.len();
@@ -159,7 +176,7 @@ impl QueueRunner {
             total += count;
             buffer.extend(rows);
             if count < demand {
-                return Some(total);
+                return Picked::Drained(total);
             }
         }
     }
