@@ -8,7 +8,7 @@
 //! | `pick.stop` | `count, demand`; `queue, worker` |
 //! | `scheduler.saturation` | `in_flight, buffer, concurrency, prefetch`; `queue` |
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
-//! | `partition.contended` | `count`; `id, fsm, partition_key` |
+//! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
 //! | `reaper.reaped` | `count`; `ids` |
 //! | `lease.lost` (beyond §8) | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
 
@@ -66,15 +66,17 @@ pub enum Event {
         /// Queue.
         queue: String,
     },
-    /// Rows were skipped or handed back because their partition was busy.
+    /// Rows were handed back because their partition was busy: rows of one key in the
+    /// same pick (`id`, `fsm` name the first one), or a claim that lost a race with
+    /// another node on that key (`id` 0, `fsm` "": the claim was retried whole).
     PartitionContended {
-        /// How many.
+        /// How many rows.
         count: usize,
-        /// One of them (0 when unknown).
+        /// The first of them (0 when another node won the race).
         id: i64,
-        /// Its FSM ("" when unknown).
+        /// Its FSM ("" when another node won the race).
         fsm: String,
-        /// Its partition key ("" when unknown).
+        /// The partition key.
         partition_key: String,
     },
     /// The reaper took back expired leases.

@@ -157,15 +157,7 @@ impl QueueRunner {
                 worker: self.shared.cfg.node_id.clone(),
             });
             if let Some(first) = rows.first() {
-                let skipped = (first.picked as usize).saturating_sub(count);
-                if skipped > 0 {
-                    self.shared.telemetry.emit(Event::PartitionContended {
-                        count: skipped,
-                        id: 0,
-                        fsm: String::new(),
-                        partition_key: String::new(),
-                    });
-                }
+                self.contended(&first.contended.0);
             }
             {
                 let mut leases = self.shared.leases.lock().expect("lease table");
@@ -199,16 +191,46 @@ impl QueueRunner {
                 Err(Error::Database(sqlx::Error::Database(db)))
                     if db.code().as_deref() == Some(UNIQUE_VIOLATION) && contended < 5 =>
                 {
+                    // Another node claimed a row of the same key at the same moment: this
+                    // whole claim rolled back (nothing was taken), so just claim again.
                     contended += 1;
+                    let key = db
+                        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                        .and_then(|e| e.detail())
+                        .and_then(partition_key_of)
+                        .unwrap_or_default();
                     self.shared.telemetry.emit(Event::PartitionContended {
                         count: 1,
                         id: 0,
                         fsm: String::new(),
-                        partition_key: db.constraint().unwrap_or_default().to_string(),
+                        partition_key: key,
                     });
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// Reports rows a pick handed back because their partition was taken: one event
+    /// per key, naming its first row.
+    fn contended(&self, rows: &[claim::Contended]) {
+        let mut by_key: Vec<(&claim::Contended, usize)> = Vec::new();
+        for r in rows {
+            match by_key
+                .iter_mut()
+                .find(|(first, _)| first.partition_key == r.partition_key)
+            {
+                Some((_, n)) => *n += 1,
+                None => by_key.push((r, 1)),
+            }
+        }
+        for (first, count) in by_key {
+            self.shared.telemetry.emit(Event::PartitionContended {
+                count,
+                id: first.id,
+                fsm: first.fsm.clone(),
+                partition_key: first.partition_key.clone(),
+            });
         }
     }
 
@@ -511,4 +533,11 @@ async fn commit(
             reason: "the committer dropped the request".into(),
         })
     })
+}
+
+/// The key in Postgres' unique-violation detail, `Key (partition_key)=(acct:1) already exists.`
+fn partition_key_of(detail: &str) -> Option<String> {
+    let rest = detail.strip_prefix("Key (partition_key)=(")?;
+    let end = rest.rfind(") already exists")?;
+    Some(rest[..end].to_string())
 }

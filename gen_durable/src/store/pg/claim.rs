@@ -20,12 +20,13 @@ use crate::error::Result;
 ///   other rows stay runnable for a node that can run them.
 /// - Partitions (§7.4): a row whose key already has an executing row is skipped (a
 ///   probe of the partial unique index), and only the first row per key in this batch
-///   is claimed (`chosen`). Two nodes racing on one key make one claim fail on that
+///   is claimed (`chosen`); the others are handed back at once, untouched (no attempt
+///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
 const CLAIM: &str = r#"
 WITH picked AS MATERIALIZED (
-    SELECT i.id, i.partition_key, i.priority, i.eligible_at
+    SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
@@ -62,7 +63,9 @@ SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease
                    'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
                    'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
           FROM gd_instances ch WHERE ch.parent_id = c.id) AS childs,
-       (SELECT count(*) FROM picked) AS picked,
+       (SELECT coalesce(json_agg(json_build_object(
+                   'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key) ORDER BY p.id), '[]')
+          FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id)) AS contended,
        coalesce($7, now()) AS now
   FROM claimed c
  ORDER BY c.id
@@ -81,8 +84,18 @@ pub(crate) struct Claimed {
     pub(crate) lease_epoch: i64,
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) childs: Json<Vec<ChildInfo>>,
-    pub(crate) picked: i64,
+    /// Rows this pick locked but handed back because an earlier row of the batch has the
+    /// same partition key (the same on every row of a pick).
+    pub(crate) contended: Json<Vec<Contended>>,
     pub(crate) now: DateTime<Utc>,
+}
+
+/// A row handed back by a pick because its partition was taken.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct Contended {
+    pub(crate) id: i64,
+    pub(crate) fsm: String,
+    pub(crate) partition_key: String,
 }
 
 /// What the claim needs to know.
