@@ -224,3 +224,32 @@ impl FanChild {
         Ok(retry_shortly(err, ctx.attempt()))
     }
 }
+
+/// Parks until `go`, then audits what it received (once) and finishes with it.
+#[durable_fsm(state = (), queue = "audited")]
+pub enum Waiter {
+    #[initial]
+    Park,
+    Got,
+}
+
+#[durable_steps]
+impl Waiter {
+    async fn park(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::await_signal(["go"], Waiter::Got))
+    }
+
+    async fn got(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let (id, got) = (ctx.id(), ctx.awaited().len());
+        let tx = ctx.transaction().await.map_err(StepError::new)?;
+        sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'got', '')")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(Step::done(json!({ "awaited": got })))
+    }
+
+    async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(retry_shortly(err, ctx.attempt()))
+    }
+}

@@ -29,8 +29,17 @@ async fn exactly_once(db: &TestDb, ids: &[i64]) {
     )
     .await;
     assert_eq!(wrong, 0, "an (instance, step) audited other than once");
+    let listed = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     assert_eq!(
-        count(db.pool(), "SELECT count(*) FROM gd_audit").await,
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_audit WHERE instance IN ({listed})")
+        )
+        .await,
         3 * ids.len() as i64
     );
     for &id in ids {
@@ -106,12 +115,53 @@ async fn an_ambiguous_commit_changes_nothing_twice() {
     for _ in 0..5 {
         ids.push(gd.insert::<Audited>(Plan::default()).await.unwrap());
     }
-    // The first two commits succeed in the database but the worker is told they failed.
-    let w = Worker::start(&url, "ambiguous", FAST, Some("gd::after_commit=2*return")).await;
+    // A spawn of children and a signal consumption, among the first commits too.
+    let parent = gd
+        .insert::<gen_durable_suite::fsms::FanParent>(gen_durable_suite::fsms::Fan { n: 20 })
+        .await
+        .unwrap();
+    let waiter = gd
+        .insert::<gen_durable_suite::fsms::Waiter>(())
+        .await
+        .unwrap();
+    gd.signal(waiter, "go", serde_json::json!({}))
+        .await
+        .unwrap();
+    // The first six commits succeed in the database but the worker is told they failed.
+    let w = Worker::start(&url, "ambiguous", FAST, Some("gd::after_commit=6*return")).await;
     for &id in &ids {
         assert_eq!(finished(db.pool(), id, 30).await, "done");
     }
     exactly_once(&db, &ids).await;
+    assert_eq!(finished(db.pool(), parent, 30).await, "done");
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_instances WHERE parent_id = {parent}")
+        )
+        .await,
+        20,
+        "no duplicate child"
+    );
+    assert_eq!(
+        column(db.pool(), parent, "result").await.as_deref(),
+        Some(r#"{"done": 20, "children": 20}"#)
+    );
+    assert_eq!(finished(db.pool(), waiter, 30).await, "done");
+    assert_eq!(
+        column(db.pool(), waiter, "result").await.as_deref(),
+        Some(r#"{"awaited": 1}"#)
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_audit WHERE instance = {waiter}")
+        )
+        .await,
+        1,
+        "the signal was consumed by one committed step"
+    );
+    assert_eq!(count(db.pool(), "SELECT count(*) FROM gd_signals").await, 0);
     w.kill().await;
     db.close().await;
 }
@@ -191,13 +241,31 @@ async fn a_worker_paused_past_its_lease_commits_nothing_and_says_so() {
 #[tokio::test]
 async fn a_step_that_aborts_its_process_every_time_fails_after_max_reaps() {
     let (db, gd, url) = setup().await;
-    let poison = gd
-        .insert::<Audited>(Plan {
-            always_abort_in: Some("two".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // Run until `id` is `want`, restarting the worker whenever it dies, as a supervisor
+    // would. One instance at a time: a crash takes every row of its worker down with it,
+    // and a bystander reaped with three crashing workers would fail too (max_reaps = 3).
+    let supervise = |id: i64, want: &'static str| {
+        let (db, url) = (&db, url.clone());
+        async move {
+            let mut starts = 0;
+            while status(db.pool(), id).await != want {
+                assert!(
+                    starts < 10,
+                    "instance {id} not {want} after {starts} worker starts"
+                );
+                starts += 1;
+                let mut w = Worker::start(&url, &format!("poison-{id}-{starts}"), FAST, None).await;
+                tokio::select! {
+                    _ = w.child.wait() => {}
+                    _ = eventually(60, "the instance to end", || async { status(db.pool(), id).await == want }) => {
+                        w.kill().await;
+                    }
+                }
+            }
+            starts
+        }
+    };
+    // A step that crashes its worker once recovers and completes exactly once.
     let once = gd
         .insert::<Audited>(Plan {
             abort_in: Some("one".into()),
@@ -205,29 +273,8 @@ async fn a_step_that_aborts_its_process_every_time_fails_after_max_reaps() {
         })
         .await
         .unwrap();
-    // Audited has max_reaps = 3: three crashes in step two, then failed. Restart the
-    // worker whenever it dies, as a supervisor would.
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut starts = 0;
-    while status(db.pool(), poison).await != "failed" || status(db.pool(), once).await != "done" {
-        assert!(Instant::now() < deadline, "poison step did not end");
-        starts += 1;
-        let mut w = Worker::start(&url, &format!("poison-{starts}"), FAST, None).await;
-        tokio::select! {
-            _ = w.child.wait() => {}
-            _ = eventually(120, "both ended", || async {
-                status(db.pool(), poison).await == "failed" && status(db.pool(), once).await == "done"
-            }) => { w.kill().await; }
-        }
-    }
-    let err = column(db.pool(), poison, "last_error").await.unwrap();
-    assert!(err.contains("lease lost 3 times"), "{err}");
-    assert_eq!(
-        column(db.pool(), poison, "step").await.as_deref(),
-        Some("two")
-    );
-    assert!(starts <= 4 + 1, "{starts} worker starts for 3 + 1 crashes");
-    // The one-time crash recovered and completed exactly once.
+    let starts = supervise(once, "done").await;
+    assert_eq!(starts, 2, "one crash, one clean run");
     assert_eq!(
         count(
             db.pool(),
@@ -235,6 +282,26 @@ async fn a_step_that_aborts_its_process_every_time_fails_after_max_reaps() {
         )
         .await,
         3
+    );
+    // A step that crashes its worker every time (Audited has max_reaps = 3): three
+    // crashes in step two, then the reaper fails it.
+    let poison = gd
+        .insert::<Audited>(Plan {
+            always_abort_in: Some("two".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let starts = supervise(poison, "failed").await;
+    let err = column(db.pool(), poison, "last_error").await.unwrap();
+    assert!(err.contains("lease lost 3 times"), "{err}");
+    assert_eq!(
+        column(db.pool(), poison, "step").await.as_deref(),
+        Some("two")
+    );
+    assert_eq!(
+        starts, 4,
+        "three crashes, then a worker whose reaper fails it"
     );
     db.close().await;
 }
