@@ -614,3 +614,20 @@ async fn a_worker_clock_skewed_ten_minutes_either_way_changes_nothing() {
     }
     db.close().await;
 }
+
+#[tokio::test]
+async fn the_test_workers_failpoints_are_live() {
+    // Proves the ambiguous-commit test injects something: with every commit refused
+    // before it starts, nothing commits, and the reaper takes the row back each time.
+    let (db, gd, url) = setup().await;
+    let id = gd.insert::<Audited>(Plan::default()).await.unwrap();
+    let w = Worker::start(&url, "refuses", FAST, Some("gd::before_commit=return")).await;
+    eventually(30, "reaped twice", || async {
+        column(db.pool(), id, "reaps").await.as_deref() >= Some("2")
+    })
+    .await;
+    assert_eq!(column(db.pool(), id, "step").await.as_deref(), Some("one"));
+    assert_eq!(count(db.pool(), "SELECT count(*) FROM gd_audit").await, 0);
+    w.kill().await;
+    db.close().await;
+}
