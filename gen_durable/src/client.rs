@@ -23,6 +23,20 @@ pub const DEFAULT_MAX_SIGNAL_PAYLOAD: usize = 1 << 20;
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
+/// `.await` on a pending operation runs its `execute` on the client's pool.
+macro_rules! into_future_on_pool {
+    ($ty:ty, $out:ty $(, $g:ident : $bound:path)?) => {
+        impl<'c $(, $g: $bound)?> IntoFuture for $ty {
+            type Output = Result<$out>;
+            type IntoFuture = BoxFut<'c, $out>;
+            fn into_future(self) -> Self::IntoFuture {
+                let pool = self.client.pool.clone();
+                Box::pin(async move { self.execute(&pool).await })
+            }
+        }
+    };
+}
+
 /// Inserts instances and delivers signals. Cheap to clone.
 ///
 /// ```no_run
@@ -239,7 +253,7 @@ impl<F: Fsm> Entry<F> {
         }
     }
 
-    insert_option_setters!();
+    insert_option_setters!(opts);
 
     /// Resolves the entry into the row it inserts (FSM identity, state as JSON, options);
     /// the in-memory testkit inserts these.
@@ -277,41 +291,11 @@ impl<'c, F: Fsm> Insert<'c, F> {
     }
 }
 
-macro_rules! forward_option_setters {
-    ($($field:ident).+) => {
-        /// Starts at this step (its stored name) instead of the FSM's initial step.
-        pub fn step(mut self, step: impl Into<String>) -> Self { self.$($field).+.step = Some(step.into()); self }
-        /// Runs on this queue instead of the FSM's.
-        pub fn queue(mut self, queue: impl Into<String>) -> Self { self.$($field).+.queue = Some(queue.into()); self }
-        /// Lower runs first; default 0.
-        pub fn priority(mut self, priority: i16) -> Self { self.$($field).+.priority = priority; self }
-        /// Instances sharing a partition key never run steps at the same time (§7.4).
-        pub fn partition_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.partition_key = Some(key.into()); self }
-        /// At most one instance holds this key while its status is in the unique scope (§4.1).
-        pub fn unique_key(mut self, key: impl Into<String>) -> Self { self.$($field).+.unique_key = Some(key.into()); self }
-        /// The statuses in which the unique key is occupied; default: every non-terminal status.
-        pub fn unique_scope(mut self, scope: impl IntoIterator<Item = crate::Status>) -> Self { self.$($field).+.unique_scope = Some(scope.into_iter().collect()); self }
-        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
-        pub fn eligible_at(mut self, at: chrono::DateTime<chrono::Utc>) -> Self { self.$($field).+.eligible_at = Some(at); self }
-        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
-        pub fn schedule_at(mut self, at: chrono::DateTime<chrono::Utc>) -> Self { self.$($field).+.schedule_at = Some(at); self }
-        /// Runnable this long after the database's `now()` (not the caller's clock).
-        pub fn schedule_in(mut self, delay: std::time::Duration) -> Self { self.$($field).+.schedule_in = Some(delay); self }
-    };
-}
-
 impl<F: Fsm> Insert<'_, F> {
-    forward_option_setters!(entry.opts);
+    insert_option_setters!(entry.opts);
 }
 
-impl<'c, F: Fsm> IntoFuture for Insert<'c, F> {
-    type Output = Result<i64>;
-    type IntoFuture = BoxFut<'c, i64>;
-    fn into_future(self) -> Self::IntoFuture {
-        let pool = self.client.pool.clone();
-        Box::pin(async move { self.execute(&pool).await })
-    }
-}
+into_future_on_pool!(Insert<'c, F>, i64, F: Fsm);
 
 /// A pending batch insert; see [`Client::insert_all`].
 #[derive(Debug)]
@@ -337,14 +321,7 @@ impl<F: Fsm> InsertAll<'_, F> {
     }
 }
 
-impl<'c, F: Fsm> IntoFuture for InsertAll<'c, F> {
-    type Output = Result<Vec<i64>>;
-    type IntoFuture = BoxFut<'c, Vec<i64>>;
-    fn into_future(self) -> Self::IntoFuture {
-        let pool = self.client.pool.clone();
-        Box::pin(async move { self.execute(&pool).await })
-    }
-}
+into_future_on_pool!(InsertAll<'c, F>, Vec<i64>, F: Fsm);
 
 /// A pending insert by name; see [`Client::insert_json`].
 #[derive(Debug)]
@@ -358,7 +335,7 @@ pub struct InsertJson<'c> {
 }
 
 impl InsertJson<'_> {
-    forward_option_setters!(opts);
+    insert_option_setters!(opts);
 
     /// Checks the FSM, version, step and state, then runs the insert on `db`.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
@@ -380,14 +357,7 @@ impl InsertJson<'_> {
     }
 }
 
-impl<'c> IntoFuture for InsertJson<'c> {
-    type Output = Result<i64>;
-    type IntoFuture = BoxFut<'c, i64>;
-    fn into_future(self) -> Self::IntoFuture {
-        let pool = self.client.pool.clone();
-        Box::pin(async move { self.execute(&pool).await })
-    }
-}
+into_future_on_pool!(InsertJson<'c>, i64);
 
 /// A pending signal delivery; see [`Client::signal`].
 #[derive(Debug)]
@@ -461,11 +431,4 @@ impl SignalSend<'_> {
     }
 }
 
-impl<'c> IntoFuture for SignalSend<'c> {
-    type Output = Result<Delivery>;
-    type IntoFuture = BoxFut<'c, Delivery>;
-    fn into_future(self) -> Self::IntoFuture {
-        let pool = self.client.pool.clone();
-        Box::pin(async move { self.execute(&pool).await })
-    }
-}
+into_future_on_pool!(SignalSend<'c>, Delivery);

@@ -284,5 +284,5 @@ impl Child {
         }
     }
 
-    insert_option_setters!();
+    insert_option_setters!(opts);
 }

@@ -46,52 +46,53 @@ impl InsertOptions {
     }
 }
 
-/// Generates the option setters on a builder that has an `opts: InsertOptions` field.
+/// Generates the option setters on a builder whose `InsertOptions` sit at `$field`
+/// (e.g. `opts`, or `entry.opts` for a builder wrapping an entry).
 macro_rules! insert_option_setters {
-    () => {
+    ($($field:ident).+) => {
         /// Starts at this step (its stored name) instead of the FSM's initial step.
         pub fn step(mut self, step: impl Into<String>) -> Self {
-            self.opts.step = Some(step.into());
+            self.$($field).+.step = Some(step.into());
             self
         }
         /// Runs on this queue instead of the FSM's.
         pub fn queue(mut self, queue: impl Into<String>) -> Self {
-            self.opts.queue = Some(queue.into());
+            self.$($field).+.queue = Some(queue.into());
             self
         }
         /// Lower runs first; default 0.
         pub fn priority(mut self, priority: i16) -> Self {
-            self.opts.priority = priority;
+            self.$($field).+.priority = priority;
             self
         }
         /// Instances sharing a partition key never run steps at the same time (§7.4).
         pub fn partition_key(mut self, key: impl Into<String>) -> Self {
-            self.opts.partition_key = Some(key.into());
+            self.$($field).+.partition_key = Some(key.into());
             self
         }
         /// At most one instance holds this key while its status is in the unique scope (§4.1).
         pub fn unique_key(mut self, key: impl Into<String>) -> Self {
-            self.opts.unique_key = Some(key.into());
+            self.$($field).+.unique_key = Some(key.into());
             self
         }
         /// The statuses in which the unique key is occupied; default: every non-terminal status.
         pub fn unique_scope(mut self, scope: impl IntoIterator<Item = $crate::Status>) -> Self {
-            self.opts.unique_scope = Some(scope.into_iter().collect());
+            self.$($field).+.unique_scope = Some(scope.into_iter().collect());
             self
         }
         /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
         pub fn eligible_at(mut self, at: ::chrono::DateTime<::chrono::Utc>) -> Self {
-            self.opts.eligible_at = Some(at);
+            self.$($field).+.eligible_at = Some(at);
             self
         }
         /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
         pub fn schedule_at(mut self, at: ::chrono::DateTime<::chrono::Utc>) -> Self {
-            self.opts.schedule_at = Some(at);
+            self.$($field).+.schedule_at = Some(at);
             self
         }
         /// Runnable this long after the database's `now()` (not the caller's clock).
         pub fn schedule_in(mut self, delay: ::std::time::Duration) -> Self {
-            self.opts.schedule_in = Some(delay);
+            self.$($field).+.schedule_in = Some(delay);
             self
         }
     };
