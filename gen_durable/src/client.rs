@@ -213,16 +213,10 @@ impl Client {
     }
 
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
-        let key = row.unique_key.clone();
-        let ids = pg::insert::insert_rows(
-            db,
-            std::slice::from_ref(&row),
-            &self.notify_for(std::slice::from_ref(&row)),
-            self.clock.now_param(),
-        )
-        .await?;
-        ids.first().copied().ok_or_else(|| Error::Duplicate {
-            key: key.unwrap_or_default(),
+        let notify = !self.notifier.claim([row.queue.as_str()]).is_empty();
+        let id = pg::insert::insert_one(db, &row, notify, self.clock.now_param()).await?;
+        id.ok_or_else(|| Error::Duplicate {
+            key: row.unique_key.unwrap_or_default(),
         })
     }
 }

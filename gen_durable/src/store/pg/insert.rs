@@ -119,3 +119,55 @@ pub(crate) async fn insert_with_parents<'e>(
         .await?;
     Ok((ids, parent_ids))
 }
+
+/// One row: the same insert as [`INSERT`] with scalar binds instead of `unnest` arrays,
+/// no sort and no aggregate, since single inserts are the hot path of many callers.
+/// Returns no row when the unique key is occupied.
+const INSERT_ONE: &str = r#"
+WITH ins AS (
+    INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
+                              unique_key, unique_scope, eligible_at, max_reaps,
+                              inserted_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, string_to_array($9, ',')::gd_status[],
+            coalesce($10, coalesce($13, now()) + coalesce($11, 0) * interval '1 millisecond'),
+            $12, coalesce($13, now()), coalesce($13, now()))
+    ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
+    RETURNING id, queue, eligible_at
+)
+SELECT id,
+       (SELECT count(pg_notify('gd_wake', queue)) FROM ins
+         WHERE $14 AND eligible_at <= coalesce($13, now())) AS notified
+  FROM ins
+"#;
+
+/// Inserts one row; `None` when its unique key is occupied. `notify`: whether this
+/// statement sends the queue's wake-up itself.
+pub(crate) async fn insert_one<'e>(
+    db: impl PgExecutor<'e>,
+    r: &NewInstance,
+    notify: bool,
+    now: Option<DateTime<Utc>>,
+) -> Result<Option<i64>> {
+    let scope = r
+        .unique_scope
+        .as_ref()
+        .map(|s| s.iter().map(|st| st.as_str()).collect::<Vec<_>>().join(","));
+    let row: Option<(i64, i64)> = sqlx::query_as(INSERT_ONE)
+        .bind(&r.fsm)
+        .bind(r.version)
+        .bind(&r.step)
+        .bind(&r.state)
+        .bind(&r.queue)
+        .bind(r.priority)
+        .bind(r.partition_key.as_deref())
+        .bind(r.unique_key.as_deref())
+        .bind(scope)
+        .bind(r.eligible_at)
+        .bind(r.delay.map(millis))
+        .bind(r.max_reaps)
+        .bind(now)
+        .bind(notify)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|(id, _)| id))
+}
