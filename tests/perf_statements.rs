@@ -4,151 +4,31 @@
 //! - a pick is one statement whatever its size (1 vs 50 rows, each with a signal in
 //!   its inbox): inboxes and children come back with the claim, never row by row;
 //! - a flush of many `next` outcomes is a constant number of statements (10 vs 200
-//!   outcomes committed together): fence, apply, COMMIT;
+//!   outcomes committed together): one, the call of `gd_commit_outcomes`;
 //! - a signal delivery is one statement.
 //!
-//! How: sqlx 0.8 emits one `tracing` event (target `sqlx::query`) per statement it
-//! executes on a connection whose options log statements. TestDb's pool turns that off,
-//! so the engine here runs on a second pool built from the same URL with sqlx's default
-//! logging on. A minimal subscriber, installed for the test's thread only
-//! (`set_default`, with a current-thread runtime so every task of the engine runs on that
-//! thread), records each statement's kind and row count. sqlx does not log the `BEGIN`
-//! it sends when a transaction starts (it is queued, then awaited), nor its pool's ping
-//! before an acquire; both are round trips, counted in PERFORMANCE.md, not here.
+//! How: `gen_durable_testkit::statements::StatementLog` records every statement sqlx
+//! logs. TestDb's pool turns logging off, so the engine here runs on a second pool
+//! built from the same URL with sqlx's default logging on; the log is installed for the
+//! test's thread only (`set_default`, with a current-thread runtime so every task of the
+//! engine runs on that thread). The pool's ping before an acquire is not logged: it is
+//! a round trip, counted in PERFORMANCE.md, not here. Outcomes per flush come from the
+//! engine's `commit.stop` events.
 
 mod common;
 
-use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{eventually, Count};
-use gen_durable::{Client, Engine, QueueConfig, Registry, Step};
+use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step};
+use gen_durable_testkit::statements::{Statement, StatementLog};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Barrier;
-use tracing::field::{Field, Visit};
-use tracing::span;
-use tracing::subscriber::Interest;
-use tracing::{Event, Metadata, Subscriber};
-
-/// One statement seen: its kind (from markers in its text) and the rows it returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stmt {
-    kind: &'static str,
-    rows: u64,
-    /// The start of its text, for failure messages.
-    text: String,
-}
-
-fn classify(sql: &str) -> &'static str {
-    let s = sql.trim_start();
-    if s.contains("WITH picked AS MATERIALIZED") {
-        "claim"
-    } else if s.contains("FOR NO KEY UPDATE OF i") && s.contains("AS f(id, epoch)") {
-        "fence"
-    } else if s.starts_with("WITH o AS") {
-        "apply"
-    } else if s.contains("INSERT INTO gd_signals") {
-        "signal"
-    } else if s.contains("INSERT INTO gd_instances") {
-        "insert"
-    } else if s.contains("gd_nodes") {
-        // The node announcement of the heartbeat service (once at start, then per tick).
-        "announce"
-    } else if s.contains("SET lease_expires_at = coalesce($4") {
-        "heartbeat"
-    } else if s.starts_with("COMMIT") {
-        "commit"
-    } else if s.starts_with("BEGIN") {
-        "begin"
-    } else if s.starts_with("ROLLBACK") {
-        "rollback"
-    } else if s.starts_with("LISTEN") {
-        "listen"
-    } else {
-        "other"
-    }
-}
-
-#[derive(Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Stmt>>>);
-
-impl Recorder {
-    fn take(&self) -> Vec<Stmt> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-#[derive(Default)]
-struct Fields {
-    summary: String,
-    statement: String,
-    rows: u64,
-}
-
-impl Visit for Fields {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        match field.name() {
-            "summary" => self.summary = value.to_string(),
-            "db.statement" => self.statement = value.to_string(),
-            _ => {}
-        }
-    }
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "rows_returned" {
-            self.rows = value;
-        }
-    }
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if matches!(field.name(), "summary" | "db.statement") {
-            self.record_str(field, &format!("{value:?}"));
-        }
-    }
-}
-
-impl Subscriber for Recorder {
-    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
-        if meta.target() == "sqlx::query" {
-            Interest::always()
-        } else {
-            Interest::never()
-        }
-    }
-    fn enabled(&self, meta: &Metadata<'_>) -> bool {
-        meta.target() == "sqlx::query"
-    }
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::TRACE)
-    }
-    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
-        span::Id::from_u64(1)
-    }
-    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
-    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
-    fn event(&self, event: &Event<'_>) {
-        if event.metadata().target() != "sqlx::query" {
-            return;
-        }
-        let mut f = Fields::default();
-        event.record(&mut f);
-        let text = if f.statement.trim().is_empty() {
-            &f.summary
-        } else {
-            &f.statement
-        };
-        self.0.lock().unwrap().push(Stmt {
-            kind: classify(text),
-            rows: f.rows,
-            text: text.trim().chars().take(80).collect(),
-        });
-    }
-    fn enter(&self, _: &span::Id) {}
-    fn exit(&self, _: &span::Id) {}
-}
 
 test_fsm!(Noop, state = Count, queue = "perf", version = 1, {
     Run => "run" |ctx| { Ok(Step::done(json!(ctx.all().len()))) },
@@ -189,8 +69,20 @@ async fn logged_pool(db: &TestDb, size: u32) -> PgPool {
         .expect("logged pool")
 }
 
-async fn engine(pool: &PgPool, concurrency: usize) -> Engine {
+/// The sizes of the group commits, from `commit.stop` events: (outcomes, committed).
+type Commits = Arc<Mutex<Vec<(usize, usize)>>>;
+
+async fn engine(pool: &PgPool, concurrency: usize, commits: &Commits) -> Engine {
+    let commits = commits.clone();
     Engine::builder(pool.clone())
+        .on_event(move |e| {
+            if let Event::CommitStop {
+                count, committed, ..
+            } = e
+            {
+                commits.lock().unwrap().push((*count, *committed));
+            }
+        })
         .registry(registry())
         .reaper(false)
         .await_timeouts(false)
@@ -213,7 +105,7 @@ async fn done_count(pool: &PgPool) -> i64 {
 
 /// Runs `k` one-step instances, each with one signal in its inbox, through an engine
 /// that picks them all at once; returns the statements it sent.
-async fn pick_of(k: usize, rec: &Recorder) -> Vec<Stmt> {
+async fn pick_of(k: usize, rec: &StatementLog) -> Vec<Statement> {
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone()).with_registry(registry());
     let mut ids = Vec::new();
@@ -230,7 +122,7 @@ async fn pick_of(k: usize, rec: &Recorder) -> Vec<Stmt> {
     }
     let pool = logged_pool(&db, 8).await;
     rec.take();
-    let engine = engine(&pool, 64).await;
+    let engine = engine(&pool, 64, &Commits::default()).await;
     eventually(30, "every instance done", || async {
         done_count(db.pool()).await == k as i64
     })
@@ -250,7 +142,7 @@ async fn pick_of(k: usize, rec: &Recorder) -> Vec<Stmt> {
 
 #[test]
 fn a_pick_is_one_statement_whatever_its_size() {
-    let rec = Recorder::default();
+    let rec = StatementLog::new();
     let _guard = tracing::subscriber::set_default(rec.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -262,8 +154,8 @@ fn a_pick_is_one_statement_whatever_its_size() {
             let seen = pick_of(k, &rec).await;
             let claims: Vec<(&str, u64)> = seen
                 .iter()
-                .filter(|s| s.kind == "claim" && s.rows > 0)
-                .map(|s| (s.kind, s.rows))
+                .filter(|s| s.kind == "claim" && s.rows_returned > 0)
+                .map(|s| (s.kind, s.rows_returned))
                 .collect();
             assert_eq!(
                 claims,
@@ -272,18 +164,12 @@ fn a_pick_is_one_statement_whatever_its_size() {
             );
             // Nothing reads an inbox, a child or a row apart from the claim; the rest
             // is the outcomes' commit, the listener and the node's background services.
-            let others: Vec<&Stmt> = seen
+            let others: Vec<&Statement> = seen
                 .iter()
                 .filter(|s| {
                     !matches!(
                         s.kind,
-                        "claim"
-                            | "fence"
-                            | "apply"
-                            | "commit"
-                            | "listen"
-                            | "announce"
-                            | "heartbeat"
+                        "claim" | "apply" | "listen" | "announce" | "heartbeat"
                     )
                 })
                 .collect();
@@ -298,8 +184,8 @@ fn a_pick_is_one_statement_whatever_its_size() {
 }
 
 /// Runs `k` two-step instances whose first steps finish together; returns the
-/// statements of the flushes (fence, apply, COMMIT) and the outcomes in each.
-async fn flush_of(k: usize, rec: &Recorder) -> Vec<Vec<Stmt>> {
+/// statements the engine sent and the sizes of its group commits.
+async fn flush_of(k: usize, rec: &StatementLog) -> (Vec<Statement>, Vec<(usize, usize)>) {
     *GATE.lock().unwrap() = Some(Arc::new(Barrier::new(k)));
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone()).with_registry(registry());
@@ -309,7 +195,8 @@ async fn flush_of(k: usize, rec: &Recorder) -> Vec<Vec<Stmt>> {
     gd.insert_all::<Gated>(rows).await.unwrap();
     let pool = logged_pool(&db, 8).await;
     rec.take();
-    let engine = engine(&pool, k + 8).await;
+    let commits = Commits::default();
+    let engine = engine(&pool, k + 8, &commits).await;
     eventually(60, "every instance done", || async {
         done_count(db.pool()).await == k as i64
     })
@@ -325,62 +212,52 @@ async fn flush_of(k: usize, rec: &Recorder) -> Vec<Vec<Stmt>> {
     assert_eq!(ok, k as i64);
     pool.close().await;
     db.close().await;
-    // Split into flushes: each starts at a fence and runs to its COMMIT.
-    let mut flushes: Vec<Vec<Stmt>> = Vec::new();
-    let mut open: Option<Vec<Stmt>> = None;
-    for s in seen {
-        match s.kind {
-            "fence" => {
-                assert!(open.is_none(), "a fence inside another flush");
-                open = Some(vec![s]);
-            }
-            "apply" => open.as_mut().expect("apply outside a flush").push(s),
-            "commit" => {
-                let mut f = open.take().expect("commit outside a flush");
-                f.push(s);
-                flushes.push(f);
-            }
-            _ => {}
-        }
-    }
-    assert!(open.is_none(), "an unfinished flush");
-    flushes
+    let commits = std::mem::take(&mut *commits.lock().unwrap());
+    (seen, commits)
 }
 
 #[test]
 fn a_flush_of_many_next_outcomes_is_a_constant_number_of_statements() {
-    let rec = Recorder::default();
+    let rec = StatementLog::new();
     let _guard = tracing::subscriber::set_default(rec.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut shapes = Vec::new();
         for k in [10usize, 200] {
-            let flushes = flush_of(k, &rec).await;
-            // Every flush, whatever its size, is fence + apply + COMMIT.
-            for f in &flushes {
-                let kinds: Vec<&str> = f.iter().map(|s| s.kind).collect();
-                assert_eq!(kinds, ["fence", "apply", "commit"], "{k}: {f:?}");
-            }
-            // The `next` outcomes of the gated steps were committed together, in one
-            // flush of k rows (the fence returns one row per outcome it lets through).
-            let sizes: Vec<u64> = flushes.iter().map(|f| f[0].rows).collect();
+            let (seen, commits) = flush_of(k, &rec).await;
+            // Every flush, whatever its size, is one statement: no fence of its own, no
+            // BEGIN or COMMIT (it commits by itself).
+            let flush: Vec<&str> = seen
+                .iter()
+                .map(|s| s.kind)
+                .filter(|k| matches!(*k, "apply" | "fence" | "begin" | "commit" | "rollback"))
+                .collect();
             assert!(
-                sizes.contains(&(k as u64)),
+                flush.iter().all(|k| *k == "apply"),
+                "{k}: only the apply: {flush:?}"
+            );
+            assert_eq!(flush.len(), commits.len(), "{k}: one statement per commit");
+            // The `next` outcomes of the gated steps were committed together, in one
+            // flush of k rows, and every outcome was committed.
+            let sizes: Vec<usize> = commits.iter().map(|c| c.0).collect();
+            assert!(
+                sizes.contains(&k),
                 "{k} gated `next` outcomes in one flush; flush sizes {sizes:?}"
             );
-            assert_eq!(sizes.iter().sum::<u64>(), 2 * k as u64, "two outcomes each");
-            shapes.push(flushes[0].len());
+            assert_eq!(sizes.iter().sum::<usize>(), 2 * k, "two outcomes each");
+            assert!(
+                commits.iter().all(|(n, c)| n == c),
+                "all fenced in: {commits:?}"
+            );
         }
-        assert_eq!(shapes[0], shapes[1], "statements per flush, 10 vs 200");
     });
 }
 
 #[test]
 fn a_signal_delivery_is_one_statement() {
-    let rec = Recorder::default();
+    let rec = StatementLog::new();
     let _guard = tracing::subscriber::set_default(rec.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

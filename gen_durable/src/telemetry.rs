@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `step.stop` | `duration`; `id, fsm, step, kind` (the committed outcome, also when `handle` produced it) |
 //! | `pick.stop` | `count, demand`; `queue, worker` |
+//! | `commit.stop` (beyond §8) | `duration, count, committed`: one group commit — outcomes sent, outcomes written (the others had lost their lease) |
 //! | `scheduler.saturation` | `in_flight, buffer, concurrency, prefetch`; `queue` |
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
 //! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
@@ -43,6 +44,15 @@ pub enum Event {
         queue: String,
         /// This node's id.
         worker: String,
+    },
+    /// A group commit ran: one statement (three with children) for many outcomes.
+    CommitStop {
+        /// From sending the batch to its commit.
+        duration: Duration,
+        /// Outcomes in the batch.
+        count: usize,
+        /// Of those, outcomes written; the others had lost their lease.
+        committed: usize,
     },
     /// Per-poll gauge of a queue.
     SchedulerSaturation {
@@ -137,6 +147,12 @@ impl Telemetry {
                 worker,
             } => tracing::trace!(
                 target: "gen_durable::pick", count, demand, queue, worker, "pick.stop"),
+            Event::CommitStop {
+                duration,
+                count,
+                committed,
+            } => tracing::trace!(
+                target: "gen_durable::commit", duration_us = duration.as_micros() as u64, count, committed, "commit.stop"),
             Event::SchedulerSaturation {
                 in_flight,
                 buffer,

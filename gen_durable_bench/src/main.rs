@@ -12,7 +12,6 @@
 //! the same run, and every line carries its ratio to it. Every run checks its own result:
 //! each instance `done` exactly once with the expected state, or the harness exits non-zero.
 
-mod counter;
 mod fsms;
 mod scenarios;
 
@@ -26,7 +25,7 @@ use serde_json::{json, Map, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-use counter::{Counts, StatementCounter};
+use gen_durable_testkit::statements::StatementLog;
 
 /// Benchmark scenarios of gen_durable, one JSON line each.
 #[derive(Debug, Parser)]
@@ -81,7 +80,7 @@ pub(crate) struct Bench {
     pub(crate) quiet: PgPool,
     /// Statement logging on: what the engine or the measured client uses.
     pub(crate) logged: PgConnectOptions,
-    pub(crate) counts: Counts,
+    pub(crate) log: StatementLog,
 }
 
 impl Bench {
@@ -157,9 +156,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
             return Err(format!("unknown scenario {s:?} (one of {ALL:?}, drain_sweep)").into());
         }
     }
-    let counter = StatementCounter::default();
-    let counts = counter.counts.clone();
-    tracing::subscriber::set_global_default(counter)?;
+    let log = StatementLog::new();
+    tracing::subscriber::set_global_default(log.clone())?;
 
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
@@ -185,7 +183,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         args,
         quiet,
         logged,
-        counts,
+        log,
     };
     // Lines wait for the second ceiling (measured after the scenarios), so each ratio is
     // to the mean of the ceiling before and after: the machine's load drifts.

@@ -14,9 +14,9 @@ use serde_json::{Map, Value};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 
-use crate::counter::Tally;
 use crate::fsms::{reset_probe, FanParent, Five, Noop, Waiter, PROBE};
 use crate::{Bench, BoxError, Report};
+use gen_durable_testkit::statements::{by_kind, KindCount};
 
 type R<T> = Result<T, BoxError>;
 
@@ -69,6 +69,8 @@ struct Tracker {
     done: AtomicU64,
     steps: AtomicU64,
     lost: AtomicU64,
+    commits: AtomicU64,
+    committed: AtomicU64,
     last: Mutex<Option<Instant>>,
     latencies_ms: Mutex<Vec<f64>>,
     done_ids: Mutex<HashMap<i64, u32>>,
@@ -117,6 +119,11 @@ impl Tracker {
             Event::LeaseLost { .. } => {
                 self.lost.fetch_add(1, Ordering::Relaxed);
             }
+            Event::CommitStop { committed, .. } => {
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                self.committed
+                    .fetch_add(*committed as u64, Ordering::Relaxed);
+            }
             _ => {}
         }
     }
@@ -137,6 +144,19 @@ impl Tracker {
             }
         }
         Ok(())
+    }
+
+    /// Outcomes per group commit, from the engine's `commit.stop` events.
+    fn commit_stats(&self, extra: &mut Map<String, Value>) {
+        let commits = self.commits.load(Ordering::Relaxed);
+        if commits > 0 {
+            let avg = self.committed.load(Ordering::Relaxed) as f64 / commits as f64;
+            extra.insert("commits".into(), json!(commits));
+            extra.insert(
+                "outcomes_per_commit".into(),
+                json!((avg * 10.0).round() / 10.0),
+            );
+        }
     }
 
     /// Every id done exactly once, and no lease lost.
@@ -184,7 +204,7 @@ fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
 
 /// Statements per step, and per kind per step, from the counts of one scenario.
 fn statements(
-    counts: &BTreeMap<&'static str, Tally>,
+    counts: &BTreeMap<&'static str, KindCount>,
     steps: u64,
     extra: &mut Map<String, Value>,
 ) -> f64 {
@@ -194,22 +214,17 @@ fn statements(
         .map(|(k, t)| ((*k).to_string(), json!(t.statements)))
         .collect();
     extra.insert("statements".into(), Value::Object(by_kind));
-    for (kind, label) in [
-        ("claim", "rows_per_claim"),
-        ("fence", "outcomes_per_commit"),
-    ] {
-        if let Some(t) = counts.get(kind).filter(|t| t.statements > 0) {
-            let avg = t.rows_returned as f64 / t.statements as f64;
-            extra.insert(label.into(), json!((avg * 10.0).round() / 10.0));
-        }
+    if let Some(t) = counts.get("claim").filter(|t| t.statements > 0) {
+        let avg = t.rows_returned as f64 / t.statements as f64;
+        extra.insert("rows_per_claim".into(), json!((avg * 10.0).round() / 10.0));
     }
     total as f64 / steps.max(1) as f64
 }
 
 /// Names what the counter could not classify, so a new statement shows up in the output.
-fn report_unclassified(b: &Bench, counts: &BTreeMap<&'static str, Tally>) {
+fn report_unclassified(b: &Bench, counts: &BTreeMap<&'static str, KindCount>) {
     if counts.contains_key("other") {
-        if let Some(t) = b.counts.text("other") {
+        if let Some(t) = b.log.text("other") {
             eprintln!(
                 "unclassified statement (first seen): {}",
                 t.chars().take(300).collect::<String>()
@@ -264,7 +279,7 @@ async fn insert(b: &Bench) -> R<Report> {
     for w in warm {
         w.await??;
     }
-    b.counts.take();
+    b.log.take();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..callers {
@@ -286,7 +301,7 @@ async fn insert(b: &Bench) -> R<Report> {
         lat.extend(t.await??);
     }
     let secs = t0.elapsed().as_secs_f64();
-    let counts = b.counts.take();
+    let counts = by_kind(&b.log.take());
     pool.close().await;
     let got = scalar_i64(
         &b.quiet,
@@ -369,7 +384,7 @@ async fn insert_all(b: &Bench) -> R<Report> {
             Entry::new(crate::fsms::BenchState { i: -1, n: 0 }).queue("warm")
         ])
         .await?;
-    b.counts.take();
+    b.log.take();
     let mut lat = Vec::new();
     let t0 = Instant::now();
     let mut ids = Vec::new();
@@ -387,7 +402,7 @@ async fn insert_all(b: &Bench) -> R<Report> {
         lat.push(s.elapsed().as_secs_f64() * 1e3);
     }
     let secs = t0.elapsed().as_secs_f64();
-    let counts = b.counts.take();
+    let counts = by_kind(&b.log.take());
     pool.close().await;
     let n = calls * per_call;
     ids.sort_unstable();
@@ -440,11 +455,11 @@ async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
     reset_probe(true);
     let pool = b.logged_pool(cfg.pool).await?;
     let tracker = Tracker::new(n as u64);
-    b.counts.take();
+    b.log.take();
     let engine = start_engine(&pool, cfg, &tracker).await?;
     let limit = Duration::from_secs(if b.smoke() { 30 } else { 300 });
     let waited = tracker.wait_done(limit).await;
-    let counts = b.counts.take();
+    let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
     waited?;
@@ -486,6 +501,7 @@ async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
         json!(if five { "steps/s" } else { "instances/s" }),
     );
     let spr = statements(&counts, steps, &mut extra);
+    tracker.commit_stats(&mut extra);
     let mut lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
     extra.insert("latency".into(), json!("step start -> outcome committed"));
     Ok(Report {
@@ -564,7 +580,7 @@ async fn signal_latency(b: &Bench) -> R<Report> {
         .map_err(|_| "instances did not park")??;
     // Let the engine go idle (its picks back off to the longest poll interval).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    b.counts.take();
+    b.log.take();
     let mut lat = Vec::with_capacity(samples);
     let mut call = Vec::with_capacity(samples);
     for &id in &ids {
@@ -585,7 +601,7 @@ async fn signal_latency(b: &Bench) -> R<Report> {
         lat.push((at - t0).as_secs_f64() * 1e3);
     }
     let waited = tracker.wait_done(Duration::from_secs(30)).await;
-    let counts = b.counts.take();
+    let counts = by_kind(&b.log.take());
     report_unclassified(b, &counts);
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
@@ -611,6 +627,7 @@ async fn signal_latency(b: &Bench) -> R<Report> {
         json!("signal() call -> woken step starts"),
     );
     let spr = statements(&counts, samples as u64, &mut extra);
+    tracker.commit_stats(&mut extra);
     Ok(Report {
         n: samples as u64,
         secs,
@@ -635,7 +652,7 @@ async fn fan_out(b: &Bench) -> R<Report> {
     let engine = start_engine(&pool, &cfg, &tracker).await?;
     let client = Client::new(b.quiet.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    b.counts.take();
+    b.log.take();
     let t0 = Instant::now();
     let parent = client
         .insert::<FanParent>(crate::fsms::BenchState {
@@ -646,7 +663,7 @@ async fn fan_out(b: &Bench) -> R<Report> {
     let waited = tracker
         .wait_done(Duration::from_secs(if b.smoke() { 30 } else { 300 }))
         .await;
-    let counts = b.counts.take();
+    let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
     waited?;
@@ -686,6 +703,7 @@ async fn fan_out(b: &Bench) -> R<Report> {
     );
     extra.insert("unit".into(), json!("children/s, insert -> parent done"));
     let spr = statements(&counts, children as u64 + 2, &mut extra);
+    tracker.commit_stats(&mut extra);
     Ok(Report {
         n: children as u64,
         secs,
@@ -735,7 +753,7 @@ async fn capture_statements(b: &Bench) -> R<()> {
     client.signal(w, "go", json!({})).await?;
     engine.shutdown(Duration::from_secs(5)).await;
     pool.close().await;
-    b.counts.take();
+    b.log.take();
     Ok(())
 }
 
@@ -770,11 +788,11 @@ async fn pick_1m(b: &Bench) -> R<Report> {
         (1_000_000, 5)
     };
     capture_statements(b).await?;
-    let claim_sql = b.counts.text("claim").ok_or("the claim was not captured")?;
-    let fence_sql = b.counts.text("fence").ok_or("the fence was not captured")?;
-    let apply_sql = b.counts.text("apply").ok_or("the apply was not captured")?;
+    let claim_sql = b.log.text("claim").ok_or("the claim was not captured")?;
+    let fence_sql = b.log.text("fence").ok_or("the fence was not captured")?;
+    let apply_sql = b.log.text("apply").ok_or("the apply was not captured")?;
     let signal_sql = b
-        .counts
+        .log
         .text("signal")
         .ok_or("the delivery was not captured")?;
     b.clean().await?;

@@ -56,6 +56,7 @@
 mod instance;
 mod kit;
 pub mod pg;
+pub mod statements;
 mod store;
 mod tally;
 

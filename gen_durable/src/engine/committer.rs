@@ -1,10 +1,12 @@
-//! Group commit: outcomes of many steps, across instances, in one transaction of a
-//! constant number of statements (fenced per row). While one batch commits, the next
+//! Group commit: outcomes of many steps, across instances, in one statement (fenced per
+//! row; three in a transaction when the batch spawns children). While one batch commits, the next
 //! accumulates, so batching grows with load and adds no delay when idle.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire, Postgres};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -12,6 +14,7 @@ use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::runtime::StepOutput;
 use crate::store::pg::outcome::{self, Commit, Committed};
+use crate::telemetry::Event;
 
 /// One outcome waiting to be committed, and where to report whether it was.
 #[derive(Debug)]
@@ -58,10 +61,18 @@ pub(crate) fn retryable(err: &Error) -> bool {
     }
 }
 
-/// Commits `batch` in one transaction, retrying a deadlock or a dropped connection a
-/// few times.
+/// The committer's connection, held while commits follow each other (no pool acquire,
+/// and no ping, per batch) and handed back to the pool after [`HOLD`] without one.
+type Held = Option<PoolConnection<Postgres>>;
+
+/// How long the committer keeps its connection with nothing to commit.
+const HOLD: Duration = Duration::from_millis(250);
+
+/// Commits `batch` — one statement, or a transaction when it spawns children — retrying
+/// a deadlock or a dropped connection a few times.
 pub(crate) async fn commit_batch(
     shared: &Shared,
+    held: &mut Held,
     batch: &[Commit<'_>],
     notify: &[String],
 ) -> Result<Committed> {
@@ -69,27 +80,38 @@ pub(crate) async fn commit_batch(
     loop {
         let attempt = async {
             fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
-            let mut tx = shared.pool.begin().await?;
-            let fenced = outcome::commit(
-                &mut tx,
-                &shared.cfg.node_id,
-                batch,
-                notify,
-                shared.clock.now_param(),
-            )
-            .await?;
-            tx.commit().await?;
+            let conn = match held {
+                Some(c) => c,
+                None => held.insert(shared.pool.acquire().await?),
+            };
+            let (node, now) = (&shared.cfg.node_id, shared.clock.now_param());
+            let fenced = if outcome::needs_transaction(batch) {
+                let mut tx = conn.begin().await?;
+                let fenced = outcome::commit(&mut tx, node, batch, notify, now).await?;
+                tx.commit().await?;
+                fenced
+            } else {
+                // One statement: it commits by itself.
+                outcome::commit(conn, node, batch, notify, now).await?
+            };
             fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
             Ok::<_, Error>(fenced)
         };
         match attempt.await {
             Ok(f) => return Ok(f),
-            Err(e) if tries < 5 && retryable(&e) => {
-                tries += 1;
-                tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
-                tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+            Err(e) => {
+                // The connection may be broken: close it rather than reuse it.
+                if let Some(c) = held.take() {
+                    let _ = c.close().await;
+                }
+                if tries < 5 && retryable(&e) {
+                    tries += 1;
+                    tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
+                    tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+                } else {
+                    return Err(e);
+                }
             }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -111,16 +133,18 @@ pub(crate) async fn run(
 ) {
     let max = shared.cfg.commit_batch;
     let mut pending: Vec<CommitRequest> = Vec::with_capacity(max);
+    let mut held: Held = None;
     loop {
-        let first = tokio::select! {
-            biased;
-            r = rx.recv() => r,
-            _ = stop.cancelled() => {
-                // Steps still running report through their own channel clone; when the
-                // engine stops us every sender is gone, so drain what is left.
-                rx.close();
-                rx.recv().await
-            }
+        let first = match held {
+            Some(_) => match tokio::time::timeout(HOLD, next_request(&mut rx, &stop)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // Idle: give the connection back while waiting.
+                    held = None;
+                    next_request(&mut rx, &stop).await
+                }
+            },
+            None => next_request(&mut rx, &stop).await,
         };
         let Some(first) = first else { return };
         pending.push(first);
@@ -143,8 +167,16 @@ pub(crate) async fn run(
         queues.sort_unstable();
         queues.dedup();
         let notify = shared.notifier.claim(queues);
-        let result = commit_batch(&shared, &batch, &notify).await;
+        let started = std::time::Instant::now();
+        let result = commit_batch(&shared, &mut held, &batch, &notify).await;
         drop(batch);
+        if let Ok(done) = &result {
+            shared.telemetry.emit(Event::CommitStop {
+                duration: started.elapsed(),
+                count: pending.len(),
+                committed: done.fenced.len(),
+            });
+        }
         for r in pending.drain(..) {
             let reply = match &result {
                 Ok(done) => Ok(CommitReply::of(done, r.id)),
@@ -154,6 +186,23 @@ pub(crate) async fn run(
                 }),
             };
             let _ = r.reply.send(reply);
+        }
+    }
+}
+
+/// The next request, or None once the engine stops and every request is handled.
+async fn next_request(
+    rx: &mut mpsc::Receiver<CommitRequest>,
+    stop: &CancellationToken,
+) -> Option<CommitRequest> {
+    tokio::select! {
+        biased;
+        r = rx.recv() => r,
+        _ = stop.cancelled() => {
+            // Steps still running report through their own channel clone; when the
+            // engine stops us every sender is gone, so drain what is left.
+            rx.close();
+            rx.recv().await
         }
     }
 }

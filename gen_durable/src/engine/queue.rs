@@ -494,6 +494,7 @@ async fn commit(
             "before commit"
         )));
         let notify = shared.notifier.claim([&**queue]);
+        let started = std::time::Instant::now();
         let done = outcome::commit(
             &mut tx,
             &shared.cfg.node_id,
@@ -507,6 +508,11 @@ async fn commit(
             return Ok(CommitReply::default());
         }
         tx.commit().await?;
+        shared.telemetry.emit(Event::CommitStop {
+            duration: started.elapsed(),
+            count: 1,
+            committed: 1,
+        });
         fail::fail_point!("gd::after_commit", |_| Err(super::committer::injected(
             "after commit"
         )));

@@ -11,110 +11,43 @@ use crate::runtime::{NewInstance, Outcome, StepOutput};
 use crate::store::pg::insert::insert_with_parents;
 use crate::store::pg::millis;
 
-/// Statement 1 of a commit: lock the rows this worker still owns, in id order (so two
-/// committers never wait on each other in a cycle), and return them. A row whose
+/// Only for a batch that spawns children, in its own transaction, before the children
+/// are inserted: lock the rows this worker still owns, in id order (so two committers
+/// never wait on each other in a cycle), and say which were cancelled. A row whose
 /// `(locked_by, lease_epoch)` moved on — reaped, released, or claimed by another worker —
-/// is not returned, and nothing of its outcome is written: that is the fence. A row
-/// cancelled while its step ran commits as `stop` "cancelled" instead of its outcome.
+/// is not returned, and none of its children are inserted: that is the fence. The apply
+/// that follows in the same transaction fences again and finds the same rows.
 ///
-/// `i.id = ANY ($1)` gives the planner a primary-key condition whatever it estimates
-/// for `unnest`: without it, it reads every executing row through the lease index (and
-/// the apply below plans a sequential scan on tables of ~10-20k rows).
-///
-/// It must be its own statement: under READ COMMITTED the next statement takes a fresh
-/// snapshot *after* these locks are held, so an `await` sees every signal committed by
-/// a delivery that held the row before us (deliveries lock the row first too).
+/// The fence is `(locked_by, lease_epoch)` alone, as in `gd_commit_outcomes`: `locked_by`
+/// is set only while a row is claimed. Naming the status would let the planner read
+/// every executing row through the partial lease index; `i.id = ANY ($1)` keeps it on
+/// the primary key whatever it estimates for `unnest`.
 const FENCE: &str = r#"
 SELECT i.id, i.cancel_requested
   FROM gd_instances i
   JOIN unnest($1::int8[], $2::int8[]) AS f(id, epoch) ON i.id = f.id
  WHERE i.id = ANY ($1::int8[])
-   AND i.locked_by = $3 AND i.lease_epoch = f.epoch AND i.status = 'executing'
+   AND i.locked_by = $3 AND i.lease_epoch = f.epoch
  ORDER BY i.id
    FOR NO KEY UPDATE OF i
 "#;
 
-/// Statement 2: apply every fenced outcome from parallel arrays, exactly as the table of
-/// §3.1 says. A `next` with run-ahead (`$13`) stays `executing` under the same claim, so
-/// the worker runs the next step without a re-pick; it is committed all the same. An `await` commits as `runnable` at once if a matching signal is in the
-/// inbox that the step did not already see in `ctx.awaited()` (`$12`): a signal that
-/// arrived while the step ran is not lost, and a step that re-awaits to accumulate
-/// signals parks until a new one comes instead of spinning on the ones it has; delete consumed signals by id and the whole inbox of finished rows;
-/// decrement each finished child's parent once per child and wake a parent whose count
-/// reaches zero; one NOTIFY per queue that got runnable work: always for a woken parent,
-/// and for the steps' own queues among `$14` (coalesced by the engine's notifier).
-const APPLY: &str = concat!(
-    r#"
-WITH o AS (
-    SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[],
-                         $6::text[], $7::int8[], $8::text[], $9::int4[], $13::bool[])
-           AS o(id, kind, step, state, result, error, delay_ms, awaits, children, run_ahead)
-), upd AS (
-    UPDATE gd_instances i
-       SET step = coalesce(o.step, i.step),
-           state = o.state,
-           status = (CASE
-               WHEN o.kind = 'next' AND o.run_ahead THEN 'executing'
-               WHEN o.kind IN ('next', 'replay') THEN 'runnable'
-               WHEN o.kind = 'await' THEN
-                   CASE WHEN EXISTS (SELECT 1 FROM gd_signals s
-                                      WHERE s.target_id = i.id
-                                        AND s.name = ANY (string_to_array(o.awaits, chr(31)))
-                                        AND s.id <> ALL ($12::int8[]))
-                        THEN 'runnable' ELSE 'awaiting_signal' END
-               WHEN o.kind = 'schedule_childs' THEN
-                   CASE WHEN o.children = 0 THEN 'runnable' ELSE 'awaiting_children' END
-               WHEN o.kind = 'done' THEN 'done'
-               ELSE 'failed' END)::gd_status,
-           result = CASE WHEN o.kind = 'done' THEN o.result ELSE i.result END,
-           last_error = CASE WHEN o.error IS NOT NULL THEN o.error
-                             WHEN o.kind = 'replay' THEN i.last_error END,
-           awaits = CASE o.kind WHEN 'await' THEN string_to_array(o.awaits, chr(31))
-                                WHEN 'replay' THEN i.awaits
-                                ELSE '{}' END,
-           await_deadline = CASE WHEN o.kind = 'await' AND o.delay_ms IS NOT NULL
-                                 THEN coalesce($11, now()) + o.delay_ms * interval '1 millisecond'
-                                 WHEN o.kind = 'replay' THEN i.await_deadline END,
-           eligible_at = coalesce($11, now())
-                         + CASE WHEN o.kind = 'replay' THEN o.delay_ms * interval '1 millisecond'
-                                ELSE interval '0' END,
-           attempt = CASE WHEN o.kind = 'replay' THEN i.attempt + 1
-                          WHEN o.kind IN ('done', 'stop') THEN i.attempt
-                          ELSE 0 END,
-           reaps = CASE WHEN o.kind IN ('next', 'await', 'schedule_childs') THEN 0 ELSE i.reaps END,
-           children_pending = CASE WHEN o.kind = 'schedule_childs' THEN o.children
-                                   ELSE i.children_pending END,
-           -- Run-ahead keeps the claim: same worker, same epoch, same lease.
-           locked_by = CASE WHEN o.kind = 'next' AND o.run_ahead THEN i.locked_by END,
-           lease_expires_at = CASE WHEN o.kind = 'next' AND o.run_ahead THEN i.lease_expires_at END,
-           updated_at = coalesce($11, now())
-      FROM o
-     WHERE i.id = o.id AND i.id = ANY ($1::int8[])
-    RETURNING i.id, i.status, i.parent_id, i.queue
-), consumed AS (
-    DELETE FROM gd_signals s WHERE s.id = ANY ($10::int8[]) RETURNING 1
-), inbox AS (
-    DELETE FROM gd_signals s USING upd u
-     WHERE s.target_id = u.id AND u.status IN ('done', 'failed') RETURNING 1
-), "#,
-    fan_in!("upd", "$11", ""),
-    r#"
-SELECT (SELECT count(pg_notify('gd_wake', q))
-          FROM (SELECT queue AS q FROM upd WHERE status = 'runnable' AND queue = ANY ($14::text[])
-                UNION SELECT queue FROM fanin WHERE status = 'runnable') w) AS notified,
-       (SELECT count(*) FROM consumed) + (SELECT count(*) FROM inbox) AS deleted,
-       (SELECT coalesce(array_agg(id), '{}') FROM upd WHERE status = 'executing') AS continued,
-       coalesce($11, now()) AS now
-"#
-);
+/// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0004)
+/// fences each row in its update, applies the outcome table of §3.1, then — with a
+/// fresh snapshot, under the row locks it now holds — deletes the whole inbox of the
+/// finished rows and wakes a parked `await` whose signal is already in. Why it is a
+/// function: see the migration.
+const APPLY: &str = r#"
+SELECT committed, continued, at
+  FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+"#;
 
-/// The outcome to apply: the step's own, or `stop` "cancelled" if the instance was
-/// cancelled while the step ran.
-fn effective<'x>(c: &'x Commit<'_>, cancelled: &HashSet<i64>, stop: &'x Outcome) -> &'x Outcome {
-    if cancelled.contains(&c.id) {
-        stop
-    } else {
-        &c.output.outcome
+/// The outcome children are inserted for: none if the instance was cancelled while the
+/// step ran (it commits as `stop` "cancelled").
+fn spawns<'x>(c: &'x Commit<'_>, cancelled: &HashSet<i64>) -> Option<&'x [NewInstance]> {
+    match &c.output.outcome {
+        Outcome::ScheduleChilds { children, .. } if !cancelled.contains(&c.id) => Some(children),
+        _ => None,
     }
 }
 
@@ -139,8 +72,17 @@ pub(crate) struct Committed {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-/// Commits `batch` inside the caller's transaction (`conn` must be in one).
-/// Always a constant number of statements: two, plus one insert when children are spawned.
+/// Whether committing `batch` needs a transaction: a batch that spawns children fences,
+/// inserts them and applies in three statements. Any other batch is one statement that
+/// commits by itself.
+pub(crate) fn needs_transaction(batch: &[Commit<'_>]) -> bool {
+    batch
+        .iter()
+        .any(|c| matches!(c.output.outcome, Outcome::ScheduleChilds { .. }))
+}
+
+/// Commits `batch`: one statement, plus a fence and one insert when children are
+/// spawned — then `conn` must be in a transaction (see [`needs_transaction`]).
 pub(crate) async fn commit(
     conn: &mut PgConnection,
     node: &str,
@@ -148,54 +90,49 @@ pub(crate) async fn commit(
     notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<Committed> {
-    let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
-    let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
-    let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
-        .bind(&ids)
-        .bind(&epochs)
-        .bind(node)
-        .fetch_all(&mut *conn)
-        .await?;
-    let fenced: HashSet<i64> = rows.iter().map(|(id, _)| *id).collect();
-    let cancelled: HashSet<i64> = rows.iter().filter(|(_, c)| *c).map(|(id, _)| *id).collect();
-    let cancel_stop = Outcome::Stop {
-        reason: "cancelled".to_string(),
-    };
-    let live: Vec<&Commit<'_>> = batch.iter().filter(|c| fenced.contains(&c.id)).collect();
-    if live.is_empty() {
-        return Ok(Committed {
-            fenced,
-            ..Committed::default()
-        });
-    }
-
-    // Children first, so each parent's counter is what was actually inserted.
-    let mut rows: Vec<NewInstance> = Vec::new();
-    let mut parents: Vec<Option<i64>> = Vec::new();
-    let outcome_of = |c| effective(c, &cancelled, &cancel_stop);
-    for c in &live {
-        if let Outcome::ScheduleChilds { children, .. } = outcome_of(c) {
-            rows.extend(children.iter().cloned());
-            parents.extend(std::iter::repeat_n(Some(c.id), children.len()));
-        }
-    }
     let mut spawned: HashMap<i64, i32> = HashMap::new();
-    if !rows.is_empty() {
-        let queues: Vec<String> = {
-            let mut q: Vec<String> = rows.iter().map(|r| r.queue.clone()).collect();
-            q.sort();
-            q.dedup();
-            q
-        };
-        let (_, inserted_parents) =
-            insert_with_parents(&mut *conn, &rows, &parents, &queues, now).await?;
-        for p in inserted_parents.into_iter().flatten() {
-            *spawned.entry(p).or_default() += 1;
+    if needs_transaction(batch) {
+        let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
+        let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
+        let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
+            .bind(&ids)
+            .bind(&epochs)
+            .bind(node)
+            .fetch_all(&mut *conn)
+            .await?;
+        let fenced: HashSet<i64> = rows.iter().map(|(id, _)| *id).collect();
+        let cancelled: HashSet<i64> = rows.iter().filter(|(_, c)| *c).map(|(id, _)| *id).collect();
+        // Children first, so each parent's counter is what was actually inserted.
+        let mut children: Vec<NewInstance> = Vec::new();
+        let mut parents: Vec<Option<i64>> = Vec::new();
+        for c in batch.iter().filter(|c| fenced.contains(&c.id)) {
+            if let Some(kids) = spawns(c, &cancelled) {
+                children.extend(kids.iter().cloned());
+                parents.extend(std::iter::repeat_n(Some(c.id), kids.len()));
+            }
+        }
+        if !children.is_empty() {
+            let mut queues: Vec<String> = children.iter().map(|r| r.queue.clone()).collect();
+            queues.sort();
+            queues.dedup();
+            let (_, inserted_parents) =
+                insert_with_parents(&mut *conn, &children, &parents, &queues, now).await?;
+            for p in inserted_parents.into_iter().flatten() {
+                *spawned.entry(p).or_default() += 1;
+            }
         }
     }
 
-    let n = live.len();
+    // The function finds each row's outcome by binary search: ids ascending, each once.
+    let mut sorted: Vec<&Commit<'_>> = batch.iter().collect();
+    sorted.sort_unstable_by_key(|c| c.id);
+    debug_assert!(
+        sorted.windows(2).all(|w| w[0].id < w[1].id),
+        "one outcome per row"
+    );
+    let n = sorted.len();
     let mut a_id = Vec::with_capacity(n);
+    let mut a_epoch = Vec::with_capacity(n);
     let mut a_kind = Vec::with_capacity(n);
     let mut a_step: Vec<Option<&str>> = Vec::with_capacity(n);
     let mut a_state = Vec::with_capacity(n);
@@ -207,10 +144,11 @@ pub(crate) async fn commit(
     let mut a_run_ahead: Vec<bool> = Vec::with_capacity(n);
     let mut consumed: Vec<i64> = Vec::new();
     let mut seen: Vec<i64> = Vec::new();
-    for c in &live {
+    for c in sorted {
         let out = c.output;
-        let outcome = outcome_of(c);
+        let outcome = &out.outcome;
         a_id.push(c.id);
+        a_epoch.push(c.epoch);
         a_kind.push(outcome.kind());
         a_state.push(&out.state);
         a_error.push(match outcome {
@@ -249,8 +187,10 @@ pub(crate) async fn commit(
             _ => {}
         }
     }
-    let (_, _, continued, db_now): (i64, i64, Vec<i64>, DateTime<Utc>) = sqlx::query_as(APPLY)
+    let (committed, continued, at): (Vec<i64>, Vec<i64>, DateTime<Utc>) = sqlx::query_as(APPLY)
+        .bind(node)
         .bind(a_id)
+        .bind(a_epoch)
         .bind(a_kind)
         .bind(a_step)
         .bind(a_state)
@@ -259,16 +199,16 @@ pub(crate) async fn commit(
         .bind(a_delay)
         .bind(a_awaits)
         .bind(a_children)
-        .bind(consumed)
-        .bind(now)
-        .bind(seen)
         .bind(a_run_ahead)
+        .bind(consumed)
+        .bind(seen)
         .bind(notify)
+        .bind(now)
         .fetch_one(&mut *conn)
         .await?;
     Ok(Committed {
-        fenced,
+        fenced: committed.into_iter().collect(),
         continued: continued.into_iter().collect(),
-        now: Some(db_now),
+        now: Some(at),
     })
 }

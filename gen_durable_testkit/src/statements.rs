@@ -1,0 +1,241 @@
+//! Counting the SQL statements gen_durable sends to Postgres, by kind: what the
+//! statement-count test asserts and what the benchmark harness reports.
+//!
+//! sqlx 0.8 emits one `tracing` event (target `sqlx::query`) per statement it executes
+//! on a connection whose options log statements (the default of a parsed URL). A
+//! [`StatementLog`] is a `tracing` subscriber that listens to those events only and
+//! records each statement's [`kind`](classify) and row counts, in order. Pools whose
+//! statements must not be counted are built with `disable_statement_logging()`
+//! ([`TestDb`](crate::TestDb)'s pool is). sqlx does not log the `BEGIN` it queues when a
+//! transaction starts, nor its pool's ping before an acquire.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tracing::field::{Field, Visit};
+use tracing::span;
+use tracing::subscriber::Interest;
+use tracing::{Event, Metadata, Subscriber};
+
+/// The kind of a statement, from markers the engine's statements carry in their text:
+/// `claim`, `fence`, `apply` (the group commit), `insert`, `signal`, `heartbeat`, `reap`,
+/// `await_timeouts`, `announce`, `notify`, `type_lookup`, `begin`, `commit`, `rollback`,
+/// `listen`, or `other`.
+pub fn classify(sql: &str) -> &'static str {
+    let s = sql.trim_start();
+    if s.contains("WITH picked AS MATERIALIZED") {
+        "claim"
+    } else if s.contains("FOR NO KEY UPDATE OF i") && s.contains("AS f(id, epoch)") {
+        "fence"
+    } else if s.contains("gd_commit_outcomes(") {
+        "apply"
+    } else if s.contains("INSERT INTO gd_instances") {
+        "insert"
+    } else if s.contains("INSERT INTO gd_signals") {
+        "signal"
+    } else if s.contains("SET lease_expires_at = coalesce($4") {
+        "heartbeat"
+    } else if s.contains("WITH expired AS MATERIALIZED") {
+        "reap"
+    } else if s.contains("WITH due AS MATERIALIZED") || s.contains("min(await_deadline)") {
+        "await_timeouts"
+    } else if s.contains("gd_nodes") {
+        "announce"
+    } else if s.starts_with("SELECT pg_notify(") {
+        "notify"
+    } else if s.contains("pg_catalog.pg_type") || s.contains("enumlabel") {
+        // sqlx resolving a custom type (gd_status) once per new connection.
+        "type_lookup"
+    } else if s.starts_with("BEGIN") {
+        "begin"
+    } else if s.starts_with("COMMIT") {
+        "commit"
+    } else if s.starts_with("ROLLBACK") {
+        "rollback"
+    } else if s.starts_with("LISTEN") || s.starts_with("UNLISTEN") {
+        "listen"
+    } else {
+        "other"
+    }
+}
+
+/// One statement executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Statement {
+    /// Its [kind](classify).
+    pub kind: &'static str,
+    /// Rows it returned.
+    pub rows_returned: u64,
+    /// Rows it wrote.
+    pub rows_affected: u64,
+}
+
+/// Statements of one kind, added up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindCount {
+    /// How many.
+    pub statements: u64,
+    /// Rows they returned.
+    pub rows_returned: u64,
+    /// Rows they wrote.
+    pub rows_affected: u64,
+}
+
+/// Adds `statements` up by kind.
+pub fn by_kind(statements: &[Statement]) -> BTreeMap<&'static str, KindCount> {
+    let mut map: BTreeMap<&'static str, KindCount> = BTreeMap::new();
+    for s in statements {
+        let t = map.entry(s.kind).or_default();
+        t.statements += 1;
+        t.rows_returned += s.rows_returned;
+        t.rows_affected += s.rows_affected;
+    }
+    map
+}
+
+/// A `tracing` subscriber that records the statements sqlx logs, in order. Install it
+/// globally (a benchmark) or for one thread with `tracing::subscriber::set_default` and
+/// a current-thread runtime (a test).
+#[derive(Debug, Clone, Default)]
+pub struct StatementLog {
+    seen: Arc<Mutex<Vec<Statement>>>,
+    /// The text of the first statement of each kind (the exact SQL sent).
+    texts: Arc<Mutex<BTreeMap<&'static str, String>>>,
+}
+
+impl StatementLog {
+    /// A new, empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The statements recorded so far; the log starts again from empty.
+    pub fn take(&self) -> Vec<Statement> {
+        std::mem::take(&mut *self.seen.lock().expect("statement log"))
+    }
+
+    /// The SQL of the first statement seen of `kind`.
+    pub fn text(&self, kind: &str) -> Option<String> {
+        self.texts
+            .lock()
+            .expect("statement texts")
+            .get(kind)
+            .cloned()
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    summary: String,
+    statement: String,
+    rows_returned: u64,
+    rows_affected: u64,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "summary" => self.summary = value.to_string(),
+            "db.statement" => self.statement = value.to_string(),
+            _ => {}
+        }
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match field.name() {
+            "rows_returned" => self.rows_returned = value,
+            "rows_affected" => self.rows_affected = value,
+            _ => {}
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // `summary` and `db.statement` normally arrive as &str; take them either way.
+        if matches!(field.name(), "summary" | "db.statement") {
+            self.record_str(field, &format!("{value:?}"));
+        }
+    }
+}
+
+fn is_query(meta: &Metadata<'_>) -> bool {
+    meta.target() == "sqlx::query"
+}
+
+impl Subscriber for StatementLog {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if is_query(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+    fn enabled(&self, meta: &Metadata<'_>) -> bool {
+        is_query(meta)
+    }
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
+    }
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+    fn event(&self, event: &Event<'_>) {
+        if !is_query(event.metadata()) {
+            return;
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        // sqlx puts the whole text in `db.statement` only when the summary shortens it.
+        let text = if f.statement.trim().is_empty() {
+            &f.summary
+        } else {
+            &f.statement
+        };
+        let kind = classify(text);
+        self.seen.lock().expect("statement log").push(Statement {
+            kind,
+            rows_returned: f.rows_returned,
+            rows_affected: f.rows_affected,
+        });
+        self.texts
+            .lock()
+            .expect("statement texts")
+            .entry(kind)
+            .or_insert_with(|| text.trim().to_string());
+    }
+    fn enter(&self, _: &span::Id) {}
+    fn exit(&self, _: &span::Id) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engines_statements_are_told_apart() {
+        assert_eq!(
+            classify("\nWITH picked AS MATERIALIZED (SELECT 1)"),
+            "claim"
+        );
+        assert_eq!(
+            classify("SELECT committed FROM gd_commit_outcomes($1)"),
+            "apply"
+        );
+        assert_eq!(classify("SELECT pg_notify('gd_wake', $1)"), "notify");
+        assert_eq!(classify("COMMIT"), "commit");
+        assert_eq!(classify("SELECT 42"), "other");
+    }
+
+    #[test]
+    fn statements_add_up_by_kind() {
+        let s = |kind, rows_returned| Statement {
+            kind,
+            rows_returned,
+            rows_affected: 0,
+        };
+        let t = by_kind(&[s("claim", 3), s("apply", 1), s("claim", 2)]);
+        assert_eq!(t["claim"].statements, 2);
+        assert_eq!(t["claim"].rows_returned, 5);
+        assert_eq!(t["apply"].statements, 1);
+    }
+}
