@@ -71,6 +71,9 @@ struct Tracker {
     lost: AtomicU64,
     commits: AtomicU64,
     committed: AtomicU64,
+    commit_ms: Mutex<Vec<f64>>,
+    /// Sums of the queue's in-flight steps and buffered rows over its saturation events.
+    saturation: Mutex<(u64, u64, u64)>,
     last: Mutex<Option<Instant>>,
     latencies_ms: Mutex<Vec<f64>>,
     done_ids: Mutex<HashMap<i64, u32>>,
@@ -119,7 +122,23 @@ impl Tracker {
             Event::LeaseLost { .. } => {
                 self.lost.fetch_add(1, Ordering::Relaxed);
             }
-            Event::CommitStop { committed, .. } => {
+            Event::SchedulerSaturation {
+                in_flight, buffer, ..
+            } => {
+                let mut g = self.saturation.lock().expect("saturation");
+                g.0 += 1;
+                g.1 += *in_flight as u64;
+                g.2 += *buffer as u64;
+            }
+            Event::CommitStop {
+                committed,
+                duration,
+                ..
+            } => {
+                self.commit_ms
+                    .lock()
+                    .expect("commit_ms")
+                    .push(duration.as_secs_f64() * 1e3);
                 self.commits.fetch_add(1, Ordering::Relaxed);
                 self.committed
                     .fetch_add(*committed as u64, Ordering::Relaxed);
@@ -156,6 +175,13 @@ impl Tracker {
                 "outcomes_per_commit".into(),
                 json!((avg * 10.0).round() / 10.0),
             );
+            let (n, f, b) = *self.saturation.lock().expect("saturation");
+            if n > 0 {
+                extra.insert("mean_in_flight".into(), json!(f / n));
+                extra.insert("mean_buffer".into(), json!(b / n));
+            }
+            let mut ms = std::mem::take(&mut *self.commit_ms.lock().expect("commit_ms"));
+            extra.insert("commit_p50_ms".into(), json!(percentile(&mut ms, 0.5)));
         }
     }
 

@@ -3,6 +3,8 @@
 //! the lease table the heartbeat reads.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,15 +47,9 @@ pub(crate) struct QueueRunner {
     pub(crate) queue: Arc<str>,
 }
 
-/// What a pick found.
-enum Picked {
-    /// The queue had fewer ready rows than asked for: nothing more until a wake-up or a poll.
-    Drained(usize),
-    /// Every claim came back full, or too few slots were free to pick: there may be more.
-    More,
-    /// The claim failed (logged); try again at the next poll.
-    Failed,
-}
+/// A claim in flight, beside the runner's loop: finished steps are collected and their
+/// slots refilled from the buffer while it runs. Yields the demand and the rows.
+type Claiming<'a> = Pin<Box<dyn Future<Output = (usize, Result<Vec<claim::Claimed>>)> + Send + 'a>>;
 
 struct Running {
     id: i64,
@@ -74,17 +70,22 @@ impl QueueRunner {
         let mut pick_now = true;
         let mut maybe_more = true;
         let mut wake_at: Option<Instant> = None;
+        let mut claiming: Option<Claiming<'_>> = None;
+        let this = &self;
 
         loop {
-            if pick_now && !stop_picking.is_cancelled() {
-                let got = self.pick(&mut buffer, tasks.len()).await;
-                poll = match got {
-                    Picked::Drained(0) => (poll * 2).min(self.cfg.max_poll_interval),
-                    _ => self.cfg.poll_interval,
-                };
-                maybe_more = matches!(got, Picked::More);
-            }
             self.dispatch(&mut buffer, &mut tasks, &mut running);
+            if pick_now && claiming.is_none() && !stop_picking.is_cancelled() {
+                pick_now = false;
+                let demand = (self.cfg.concurrency + self.cfg.prefetch)
+                    .saturating_sub(tasks.len() + buffer.len());
+                if demand >= self.cfg.min_demand {
+                    claiming = Some(Box::pin(async move { (demand, this.claim(demand).await) }));
+                } else {
+                    // Not enough free slots to pick now; the queue may well hold more.
+                    maybe_more = true;
+                }
+            }
             self.shared.telemetry.emit(Event::SchedulerSaturation {
                 in_flight: tasks.len(),
                 buffer: buffer.len(),
@@ -96,6 +97,28 @@ impl QueueRunner {
             let sleep_until = wake_at.map_or(next_poll, |w| w.min(next_poll));
             tokio::select! {
                 _ = stop_picking.cancelled() => break,
+                (demand, got) = async { claiming.as_mut().expect("a claim").await }, if claiming.is_some() => {
+                    claiming = None;
+                    match got {
+                        Ok(rows) => {
+                            let count = rows.len();
+                            buffer.extend(rows);
+                            // A full claim: the queue may hold more, claim again at once.
+                            maybe_more = count == demand;
+                            pick_now |= maybe_more;
+                            poll = if count == 0 {
+                                (poll * 2).min(self.cfg.max_poll_interval)
+                            } else {
+                                self.cfg.poll_interval
+                            };
+                        }
+                        Err(e) => {
+                            tracing::warn!(target: "gen_durable::pick", queue = %self.name, error = %e, "pick failed");
+                            maybe_more = false;
+                            poll = self.cfg.poll_interval;
+                        }
+                    }
+                }
                 _ = self.wake.notified() => pick_now = true,
                 Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                     // A group commit finishes many steps at once: collect every step that
@@ -115,7 +138,7 @@ impl QueueRunner {
                         };
                         running.remove(&task_id);
                     }
-                    pick_now = maybe_more || !buffer.is_empty();
+                    pick_now |= maybe_more || !buffer.is_empty();
                 }
                 _ = tokio::time::sleep_until(sleep_until) => {
                     if wake_at.is_some_and(|w| w <= Instant::now()) {
@@ -125,57 +148,44 @@ impl QueueRunner {
                 }
             }
         }
+        // A claim still in flight has taken its rows: buffer them, so the drain releases them.
+        if let Some(c) = claiming.take() {
+            if let (_, Ok(rows)) = c.await {
+                buffer.extend(rows);
+            }
+        }
+        drop(claiming);
         self.drain(buffer, tasks, running, deadline).await
     }
 
-    /// Claims up to the free demand, in as many claims as come back full.
-    async fn pick(&self, buffer: &mut VecDeque<claim::Claimed>, in_flight: usize) -> Picked {
-        let mut total = 0;
-        loop {
-            let demand =
-                (self.cfg.concurrency + self.cfg.prefetch).saturating_sub(in_flight + buffer.len());
-            if demand < self.cfg.min_demand {
-                // Not enough free slots to pick now; the queue may well hold more.
-                return Picked::More;
-            }
-            let rows = match self.claim(demand).await {
-                Ok(rows) => rows,
-                Err(e) => {
-                    tracing::warn!(target: "gen_durable::pick", queue = %self.name, error = %e, "pick failed");
-                    return Picked::Failed;
-                }
-            };
-            let count = rows.len();
-            // Rows are claimed (leases recorded in the database) but not yet known here.
-            if count > 0 {
-                fail::fail_point!("gd::after_claim");
-            }
-            self.shared.telemetry.emit(Event::PickStop {
-                count,
-                demand,
-                queue: self.name.clone(),
-                worker: self.shared.cfg.node_id.clone(),
-            });
-            if let Some(first) = rows.first() {
-                self.contended(&first.contended.0);
-            }
-            {
-                let mut leases = self.shared.leases.lock().expect("lease table");
-                for r in &rows {
-                    leases.insert(r.id, r.lease_epoch);
-                }
-            }
-            total += count;
-            buffer.extend(rows);
-            if count < demand {
-                return Picked::Drained(total);
-            }
+    /// One claim of up to `demand` rows; the rows join this node's lease table.
+    async fn claim(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+        let rows = self.claim_rows(demand).await?;
+        let count = rows.len();
+        // Rows are claimed (leases recorded in the database) but not yet known here.
+        if count > 0 {
+            fail::fail_point!("gd::after_claim");
         }
+        self.shared.telemetry.emit(Event::PickStop {
+            count,
+            demand,
+            queue: self.name.clone(),
+            worker: self.shared.cfg.node_id.clone(),
+        });
+        if let Some(first) = rows.first() {
+            self.contended(&first.contended.0);
+        }
+        let mut leases = self.shared.leases.lock().expect("lease table");
+        for r in &rows {
+            leases.insert(r.id, r.lease_epoch);
+        }
+        drop(leases);
+        Ok(rows)
     }
 
-    /// One claim, retried when two nodes race on a partition key (the loser's whole
-    /// statement fails on the partition index and claims nothing).
-    async fn claim(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+    /// One claim statement, retried when two nodes race on a partition key (the loser's
+    /// whole statement fails on the partition index and claims nothing).
+    async fn claim_rows(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
         let mut contended = 0;
         loop {
             let params = claim::ClaimParams {
