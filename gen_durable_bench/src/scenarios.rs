@@ -176,9 +176,9 @@ impl Tracker {
                 json!((avg * 10.0).round() / 10.0),
             );
             let (n, f, b) = *self.saturation.lock().expect("saturation");
-            if n > 0 {
-                extra.insert("mean_in_flight".into(), json!(f / n));
-                extra.insert("mean_buffer".into(), json!(b / n));
+            if let (Some(f), Some(b)) = (f.checked_div(n), b.checked_div(n)) {
+                extra.insert("mean_in_flight".into(), json!(f));
+                extra.insert("mean_buffer".into(), json!(b));
             }
             let mut ms = std::mem::take(&mut *self.commit_ms.lock().expect("commit_ms"));
             extra.insert("commit_p50_ms".into(), json!(percentile(&mut ms, 0.5)));
