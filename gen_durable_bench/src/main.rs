@@ -90,12 +90,23 @@ impl Bench {
 
     /// A new pool whose statements are counted.
     pub(crate) async fn logged_pool(&self, size: u32) -> sqlx::Result<PgPool> {
+        self.pool(size, true).await
+    }
+
+    /// A new pool on the bench database; `counted`: its statements are logged, and so
+    /// counted.
+    pub(crate) async fn pool(&self, size: u32, counted: bool) -> sqlx::Result<PgPool> {
+        let opts = if counted {
+            self.logged.clone()
+        } else {
+            self.logged.clone().disable_statement_logging()
+        };
         PgPoolOptions::new()
             .max_connections(size)
             .min_connections(size.min(4))
             .test_before_acquire(!self.args.no_ping)
             .acquire_timeout(Duration::from_secs(60))
-            .connect_with(self.logged.clone())
+            .connect_with(opts)
             .await
     }
 

@@ -286,60 +286,48 @@ async fn insert_chunks<F: Fsm<State = crate::fsms::BenchState>>(
 }
 
 /// `insert`: single inserts from 8 concurrent callers.
+///
+/// Two passes: 1,000 inserts on a pool whose statements are counted, then the timed
+/// pass on one whose statements are not logged — sqlx formats the text of every logged
+/// statement (`sqlformat`), client work that pgbench, the baseline, doesn't do.
 async fn insert(b: &Bench) -> R<Report> {
     let n = if b.smoke() { 200 } else { 20_000 };
+    let counted = n.min(1_000);
     let callers = 8;
     b.clean().await?;
-    let pool = b.logged_pool(callers as u32).await?;
+
+    let pool = b.pool(callers as u32, true).await?;
     let client = Client::new(pool.clone());
-    // Warm every connection (prepared statements, type lookups), then count.
-    let mut warm = Vec::new();
-    for _ in 0..callers {
-        let c = client.clone();
-        warm.push(tokio::spawn(async move {
-            c.insert::<Noop>(crate::fsms::BenchState { i: -1, n: 0 })
-                .queue("warm")
-                .await
-        }));
-    }
-    for w in warm {
-        w.await??;
-    }
+    single_inserts(&client, callers, 0..callers, -1).await?; // warm every connection
     b.log.take();
-    let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..callers {
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(n / callers);
-            for j in (c..n).step_by(callers) {
-                let s = Instant::now();
-                client
-                    .insert::<Noop>(crate::fsms::BenchState { i: j as i64, n: 0 })
-                    .await?;
-                lat.push(s.elapsed().as_secs_f64() * 1e3);
-            }
-            Ok::<_, gen_durable::Error>(lat)
-        }));
-    }
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await??);
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    single_inserts(&client, callers, 0..counted, 0).await?;
     let counts = by_kind(&b.log.take());
+    pool.close().await;
+
+    let pool = b.pool(callers as u32, false).await?;
+    let client = Client::new(pool.clone());
+    single_inserts(&client, callers, 0..callers, -1).await?;
+    let t0 = Instant::now();
+    let mut lat = single_inserts(&client, callers, counted..n + counted, 0).await?;
+    let secs = t0.elapsed().as_secs_f64();
     pool.close().await;
     let got = scalar_i64(
         &b.quiet,
-        "SELECT count(DISTINCT (state->>'i')) FROM gd_instances WHERE queue = 'bench' AND status = 'runnable'",
+        "SELECT count(DISTINCT (state->>'i')) FROM gd_instances WHERE queue = 'bench' AND status = 'runnable'
+            AND (state->>'i')::int >= 0",
     )
     .await?;
-    if got != n as i64 {
-        return Err(format!("insert: expected {n} distinct runnable rows, found {got}").into());
+    if got != (n + counted) as i64 {
+        return Err(format!(
+            "insert: expected {} distinct runnable rows, found {got}",
+            n + counted
+        )
+        .into());
     }
     let mut extra = Map::new();
     extra.insert("callers".into(), json!(callers));
-    let spr = statements(&counts, n as u64, &mut extra);
+    extra.insert("counted_inserts".into(), json!(counted));
+    let spr = statements(&counts, counted as u64, &mut extra);
     if !b.smoke() && !b.args.no_ceiling {
         match pgbench_insert(b, callers) {
             Ok(tps) => {
@@ -361,6 +349,44 @@ async fn insert(b: &Bench) -> R<Report> {
         statements_per_step: Some(spr),
         extra,
     })
+}
+
+/// Inserts one `Noop` per `i` in `range` from `callers` tasks (state `i`, or `warm` < 0
+/// for warm-up rows on another queue); returns each call's latency in ms.
+async fn single_inserts(
+    client: &Client,
+    callers: usize,
+    range: std::ops::Range<usize>,
+    warm: i64,
+) -> R<Vec<f64>> {
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let client = client.clone();
+        let range = range.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(range.len() / callers + 1);
+            for j in (range.start + c..range.end).step_by(callers) {
+                let s = Instant::now();
+                let state = crate::fsms::BenchState {
+                    i: if warm < 0 { warm } else { j as i64 },
+                    n: 0,
+                };
+                let insert = client.insert::<Noop>(state);
+                if warm < 0 {
+                    insert.queue("warm").await?;
+                } else {
+                    insert.await?;
+                }
+                lat.push(s.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok::<_, gen_durable::Error>(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    Ok(lat)
 }
 
 /// pgbench's single-row insert rate into the same table, at the same concurrency: the
