@@ -8,6 +8,9 @@
 //! statements must not be counted are built with `disable_statement_logging()`
 //! ([`TestDb`](crate::TestDb)'s pool is). sqlx does not log the `BEGIN` it queues when a
 //! transaction starts, nor its pool's ping before an acquire.
+//!
+//! The log also keeps the server's notices (target `sqlx::postgres::notice`), which is
+//! how the harness reads `auto_explain` plans of the statements inside a function.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,6 +105,7 @@ pub struct StatementLog {
     seen: Arc<Mutex<Vec<Statement>>>,
     /// The text of the first statement of each kind (the exact SQL sent).
     texts: Arc<Mutex<BTreeMap<&'static str, String>>>,
+    notices: Arc<Mutex<Vec<String>>>,
 }
 
 impl StatementLog {
@@ -113,6 +117,11 @@ impl StatementLog {
     /// The statements recorded so far; the log starts again from empty.
     pub fn take(&self) -> Vec<Statement> {
         std::mem::take(&mut *self.seen.lock().expect("statement log"))
+    }
+
+    /// The server's notices received so far; the list starts again from empty.
+    pub fn take_notices(&self) -> Vec<String> {
+        std::mem::take(&mut *self.notices.lock().expect("notices"))
     }
 
     /// The SQL of the first statement seen of `kind`.
@@ -127,6 +136,7 @@ impl StatementLog {
 
 #[derive(Default)]
 struct Fields {
+    message: String,
     summary: String,
     statement: String,
     rows_returned: u64,
@@ -136,6 +146,7 @@ struct Fields {
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
         match field.name() {
+            "message" => self.message = value.to_string(),
             "summary" => self.summary = value.to_string(),
             "db.statement" => self.statement = value.to_string(),
             _ => {}
@@ -149,27 +160,33 @@ impl Visit for Fields {
         }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        // `summary` and `db.statement` normally arrive as &str; take them either way.
-        if matches!(field.name(), "summary" | "db.statement") {
+        // These normally arrive as &str; take them either way.
+        if matches!(field.name(), "message" | "summary" | "db.statement") {
             self.record_str(field, &format!("{value:?}"));
         }
     }
 }
 
+const NOTICE: &str = "sqlx::postgres::notice";
+
 fn is_query(meta: &Metadata<'_>) -> bool {
     meta.target() == "sqlx::query"
 }
 
+fn listens(meta: &Metadata<'_>) -> bool {
+    is_query(meta) || meta.target() == NOTICE
+}
+
 impl Subscriber for StatementLog {
     fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
-        if is_query(meta) {
+        if listens(meta) {
             Interest::always()
         } else {
             Interest::never()
         }
     }
     fn enabled(&self, meta: &Metadata<'_>) -> bool {
-        is_query(meta)
+        listens(meta)
     }
     fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
         Some(tracing::level_filters::LevelFilter::TRACE)
@@ -180,11 +197,15 @@ impl Subscriber for StatementLog {
     fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
     fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
     fn event(&self, event: &Event<'_>) {
-        if !is_query(event.metadata()) {
+        if !listens(event.metadata()) {
             return;
         }
         let mut f = Fields::default();
         event.record(&mut f);
+        if !is_query(event.metadata()) {
+            self.notices.lock().expect("notices").push(f.message);
+            return;
+        }
         // sqlx puts the whole text in `db.statement` only when the summary shortens it.
         let text = if f.statement.trim().is_empty() {
             &f.summary
