@@ -172,6 +172,47 @@ async fn fifty_concurrent_inserts_of_one_key_give_one_ok() {
     db.close().await;
 }
 
+/// Group insert: awaited inserts running at the same moment share statements (one
+/// statement's rows share its transaction time), and each call gets the id of its own row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_inserts_share_statements_and_each_gets_its_own_row() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let n = 400u64;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let gd = gd.clone();
+            tokio::spawn(async move { (i, gd.insert::<Checkout>(order(i)).await.unwrap()) })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.unwrap());
+    }
+    for (i, id) in &ids {
+        let stored: i64 = sqlx::query_scalar(
+            "SELECT (state->>'order')::int8 FROM gd_instances WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        assert_eq!(stored, *i as i64, "instance {id} holds the state of call {i}");
+    }
+    let distinct: std::collections::HashSet<i64> = ids.iter().map(|(_, id)| *id).collect();
+    assert_eq!(distinct.len() as u64, n, "one row per call");
+    let statements = count(
+        db.pool(),
+        "SELECT count(DISTINCT inserted_at) FROM gd_instances",
+    )
+    .await;
+    assert!(
+        statements < n as i64,
+        "{n} concurrent inserts ran in {statements} statements"
+    );
+    db.close().await;
+}
+
 #[tokio::test]
 async fn unique_scopes() {
     let db = TestDb::new().await;

@@ -12,6 +12,7 @@ use sqlx::{PgExecutor, PgPool};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::group_insert::{GroupInsert, Target as GroupTarget};
 use crate::notify::Notifier;
 use crate::options::{insert_option_setters, InsertOptions};
 use crate::registry::{FsmEntry, Registry};
@@ -55,6 +56,8 @@ pub struct Client {
     registry: Arc<Registry>,
     max_signal_payload: usize,
     notifier: Arc<Notifier>,
+    /// Awaited keyless inserts, grouped into shared statements.
+    group: Arc<GroupInsert>,
 }
 
 impl Client {
@@ -66,6 +69,7 @@ impl Client {
             clock: Clock::database(),
             registry: Arc::new(Registry::linked()),
             max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
+            group: Arc::default(),
         }
     }
 
@@ -111,8 +115,13 @@ impl Client {
     }
 
     /// Starts an insert of one instance of `F`. Set options, then `.await` it (or
-    /// `.execute(&mut *tx)` inside a transaction). Returns the id, or
-    /// [`Error::Duplicate`] if its unique key is occupied.
+    /// `.execute(&mut *tx)` inside a transaction). Returns the id once the row is
+    /// committed, or [`Error::Duplicate`] if its unique key is occupied.
+    ///
+    /// Awaited inserts of one client that run at the same moment share a statement
+    /// (group insert): each still returns its own id after its own row is committed, but
+    /// a burst costs one round trip per group instead of two or three per row. Inserts
+    /// with a unique key, and `.execute(..)`, always run alone.
     pub fn insert<F: Fsm>(&self, state: F::State) -> Insert<'_, F> {
         Insert {
             client: self,
@@ -212,6 +221,20 @@ impl Client {
         self.notifier.claim(queues)
     }
 
+    /// An awaited insert: grouped with the client's other awaited inserts unless it has a
+    /// unique key (see [`crate::group_insert`]).
+    async fn insert_awaited(&self, row: NewInstance) -> Result<i64> {
+        if row.unique_key.is_some() {
+            return self.insert_one(&self.pool, row).await;
+        }
+        let target = GroupTarget {
+            pool: self.pool.clone(),
+            clock: self.clock.clone(),
+            notifier: self.notifier.clone(),
+        };
+        self.group.insert(&target, row).await
+    }
+
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let notify = !self.notifier.claim([row.queue.as_str()]).is_empty();
         let id = pg::insert::insert_one(db, &row, notify, self.clock.now_param()).await?;
@@ -278,7 +301,7 @@ pub struct Insert<'c, F: Fsm> {
 }
 
 impl<'c, F: Fsm> Insert<'c, F> {
-    /// Runs the insert on `db` (a pool, a connection or `&mut *tx`).
+    /// Runs the insert on `db` (a pool, a connection or `&mut *tx`), alone.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
         let row = self.entry.into_new_instance()?;
         self.client.insert_one(db, row).await
@@ -289,7 +312,18 @@ impl<F: Fsm> Insert<'_, F> {
     insert_option_setters!(entry.opts);
 }
 
-into_future_on_pool!(Insert<'c, F>, i64, F: Fsm);
+/// `.await` inserts on the client's pool, sharing a statement with the client's other
+/// awaited inserts of the moment (see [`Client::insert`]).
+impl<'c, F: Fsm> IntoFuture for Insert<'c, F> {
+    type Output = Result<i64>;
+    type IntoFuture = BoxFut<'c, i64>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let row = self.entry.into_new_instance()?;
+            self.client.insert_awaited(row).await
+        })
+    }
+}
 
 /// A pending batch insert; see [`Client::insert_all`].
 #[derive(Debug)]
@@ -328,11 +362,16 @@ pub struct InsertJson<'c> {
     opts: InsertOptions,
 }
 
-impl InsertJson<'_> {
+impl<'c> InsertJson<'c> {
     insert_option_setters!(opts);
 
     /// Checks the FSM, version, step and state, then runs the insert on `db`.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
+        let (client, row) = self.resolve()?;
+        client.insert_one(db, row).await
+    }
+
+    fn resolve(self) -> Result<(&'c Client, NewInstance)> {
         let entry = *self.client.registry.resolve(&self.fsm, self.version)?;
         if let Some(step) = &self.opts.step {
             entry.check_step(step)?;
@@ -347,11 +386,21 @@ impl InsertJson<'_> {
             self.state,
             self.opts,
         );
-        self.client.insert_one(db, row).await
+        Ok((self.client, row))
     }
 }
 
-into_future_on_pool!(InsertJson<'c>, i64);
+/// `.await` inserts on the client's pool, grouped like [`Insert`].
+impl<'c> IntoFuture for InsertJson<'c> {
+    type Output = Result<i64>;
+    type IntoFuture = BoxFut<'c, i64>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let (client, row) = self.resolve()?;
+            client.insert_awaited(row).await
+        })
+    }
+}
 
 /// A pending signal delivery; see [`Client::signal`].
 #[derive(Debug)]

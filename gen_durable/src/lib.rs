@@ -73,6 +73,7 @@ mod ctx;
 mod engine;
 mod error;
 mod fsm;
+mod group_insert;
 mod job;
 mod migrate;
 mod notify;
