@@ -190,14 +190,16 @@ async fn concurrent_inserts_share_statements_and_each_gets_its_own_row() {
         ids.push(t.await.unwrap());
     }
     for (i, id) in &ids {
-        let stored: i64 = sqlx::query_scalar(
-            "SELECT (state->>'order')::int8 FROM gd_instances WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
-        assert_eq!(stored, *i as i64, "instance {id} holds the state of call {i}");
+        let stored: i64 =
+            sqlx::query_scalar("SELECT (state->>'order')::int8 FROM gd_instances WHERE id = $1")
+                .bind(id)
+                .fetch_one(db.pool())
+                .await
+                .unwrap();
+        assert_eq!(
+            stored, *i as i64,
+            "instance {id} holds the state of call {i}"
+        );
     }
     let distinct: std::collections::HashSet<i64> = ids.iter().map(|(_, id)| *id).collect();
     assert_eq!(distinct.len() as u64, n, "one row per call");

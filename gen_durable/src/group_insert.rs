@@ -81,7 +81,9 @@ impl GroupInsert {
         }
         rx.await.unwrap_or_else(|_| {
             Err(Error::Database(sqlx::Error::Protocol(
-                "the task inserting this row stopped (its runtime shut down)".into(),
+                "the task inserting this row stopped (its runtime shut down); \
+                 the row may or may not be committed"
+                    .into(),
             )))
         })
     }
@@ -90,12 +92,17 @@ impl GroupInsert {
 /// Runs statements until the queue is empty, on one connection held meanwhile (no pool
 /// round trips between statements).
 async fn run(group: Arc<GroupInsert>, target: Target) {
+    let mut guard = Running {
+        group: &group,
+        finished: false,
+    };
     let mut conn: Option<PoolConnection<Postgres>> = None;
     loop {
         let batch: Vec<Waiting> = {
             let mut s = group.state.lock().expect("group insert");
             if s.queue.is_empty() {
                 s.running -= 1;
+                guard.finished = true;
                 return;
             }
             let n = s.queue.len().min(MAX_GROUP);
@@ -122,6 +129,27 @@ async fn run(group: Arc<GroupInsert>, target: Target) {
         }
         for (reply, result) in replies.into_iter().zip(results) {
             let _ = reply.send(result);
+        }
+    }
+}
+
+/// A running task's place in the count. If the task is dropped before it finishes (its
+/// runtime shut down), the count goes down all the same, and when no task is left the
+/// calls still queued are answered with an error (their senders dropped) rather than
+/// left waiting; the next insert starts a new task.
+struct Running<'a> {
+    group: &'a GroupInsert,
+    finished: bool,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut s = self.group.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.running -= 1;
+            if s.running == 0 {
+                s.queue.clear();
+            }
         }
     }
 }
@@ -184,5 +212,71 @@ fn copy_sqlx(e: &sqlx::Error) -> sqlx::Error {
         sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
         sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
         other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> NewInstance {
+        NewInstance {
+            fsm: "F".into(),
+            version: 1,
+            step: "s".into(),
+            state: serde_json::json!({}),
+            queue: "q".into(),
+            priority: 0,
+            partition_key: None,
+            unique_key: None,
+            unique_scope: None,
+            eligible_at: None,
+            delay: None,
+            max_reaps: 10,
+        }
+    }
+
+    /// A task dropped mid-way (its runtime shut down) gives its place back, and the last
+    /// one to go answers the calls still queued instead of leaving them waiting.
+    #[test]
+    fn a_dropped_task_gives_back_its_place_and_answers_the_queue() {
+        let group = GroupInsert::default();
+        let (reply, mut rx) = oneshot::channel();
+        {
+            let mut s = group.state.lock().unwrap();
+            s.running = 2;
+            s.queue.push(Waiting { row: row(), reply });
+        }
+        drop(Running {
+            group: &group,
+            finished: false,
+        });
+        assert_eq!(group.state.lock().unwrap().running, 1);
+        assert!(
+            rx.try_recv().is_err(),
+            "another task still runs: the call waits"
+        );
+        drop(Running {
+            group: &group,
+            finished: false,
+        });
+        let s = group.state.lock().unwrap();
+        assert_eq!((s.running, s.queue.len()), (0, 0));
+        drop(s);
+        assert!(
+            matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+            "the queued call is answered (its sender dropped)"
+        );
+    }
+
+    #[test]
+    fn a_finished_task_leaves_the_count_to_its_loop() {
+        let group = GroupInsert::default();
+        group.state.lock().unwrap().running = 1;
+        drop(Running {
+            group: &group,
+            finished: true,
+        });
+        assert_eq!(group.state.lock().unwrap().running, 1);
     }
 }
