@@ -48,11 +48,11 @@ pub(crate) struct Args {
     /// the mean of the two).
     #[arg(long, default_value_t = 10)]
     ceiling_secs: u32,
-    /// Queue concurrency of the engine.
-    #[arg(long, default_value_t = 64)]
+    /// Queue concurrency of the engine (the ceiling holds 4 × 100 rows at once).
+    #[arg(long, default_value_t = 256)]
     pub(crate) concurrency: usize,
     /// Queue prefetch of the engine.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 256)]
     pub(crate) prefetch: usize,
     /// Don't pick for fewer free slots than this (the engine's default is 1).
     #[arg(long, default_value_t = 1)]
@@ -61,7 +61,7 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 512)]
     pub(crate) commit_batch: usize,
     /// Connections in the engine's pool.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 20)]
     pub(crate) pool: u32,
     /// Turn off sqlx's ping before every pool acquire (`test_before_acquire(false)`) on
     /// the engine's pool: one round trip less per claim and per commit.
