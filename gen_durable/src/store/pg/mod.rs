@@ -1,5 +1,8 @@
 //! Every SQL statement of gen_durable, one named statement per operation, each with
-//! a comment on why it is shaped that way. Nothing outside this module writes SQL.
+//! a comment on why it is shaped that way. Nothing outside this module writes SQL, but
+//! the schema's migrations — among them the body of the group commit, the function
+//! `gd_commit_outcomes` of migration 0004 (a function so that its three statements run
+//! in one round trip, each with a fresh snapshot: see `outcome.rs`).
 //!
 //! Conventions: `$now` is the injected clock (`coalesce($now, now())`); every write
 //! to a claimed row is fenced by `(locked_by, lease_epoch)`; wake-ups are one
@@ -10,6 +13,7 @@
 /// of CTE `$src` that are now `done`/`failed`, once per child and in one update per
 /// parent, and wakes a parent whose count reaches zero. `$skip` excludes parents the same
 /// statement updates itself (Postgres applies only one update per row and statement).
+/// `gd_commit_outcomes` (migration 0004) carries the same CTE for outcome commits.
 macro_rules! fan_in {
     ($src:literal, $now:literal, $skip:literal) => {
         concat!(
