@@ -123,9 +123,10 @@ BEGIN
                                    AND p.children_pending - d.n = 0
                                   THEN t ELSE p.eligible_at END,
                updated_at = t
+          -- Parents in id order, as every writer locks rows.
           FROM (SELECT parent_id, count(*)::int AS n FROM upd
                  WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL
-                 GROUP BY parent_id) d
+                 GROUP BY parent_id ORDER BY parent_id) d
          WHERE p.id = d.parent_id
         RETURNING p.queue, p.status
     ), woke AS (

@@ -78,12 +78,16 @@ impl Client {
     /// theirs; a skipped wake-up is sent at the end of the window.
     pub fn notify_window(mut self, window: Duration) -> Self {
         self.notifier = Notifier::new(self.pool.clone(), window);
+        // Inserts are grouped only with calls that notify the same way.
+        self.group = Arc::default();
         self
     }
 
     /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        // Inserts are grouped only with calls on the same clock.
+        self.group = Arc::default();
         self
     }
 

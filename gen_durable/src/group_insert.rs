@@ -116,7 +116,7 @@ async fn run(group: Arc<GroupInsert>, target: Target) {
                 Ok(c) => insert_group(&target, conn.insert(c), &rows).await,
                 Err(e) => rows
                     .iter()
-                    .map(|_| Err(copy(&Error::Database(copy_sqlx(&e)))))
+                    .map(|_| Err(Error::Database(copy_sqlx(&e))))
                     .collect(),
             },
         };

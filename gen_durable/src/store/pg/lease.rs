@@ -10,11 +10,18 @@ use crate::error::Result;
 /// alike). Matching on the epoch too means a row that was reaped and re-claimed
 /// elsewhere is not extended by mistake. Returns each extended row with its cancel
 /// flag, so a cancellation whose NOTIFY was lost still reaches the step.
+///
+/// Shaped like the group commit (`gd_commit_outcomes`): rows by primary key in id order,
+/// each row's epoch found by binary search in the sorted ids, and the fence on
+/// `(locked_by, lease_epoch)` alone (`locked_by` is set only while a row is claimed). So
+/// no plan rescans the arrays per row or reads every executing row through the lease
+/// index, and rows are locked in the same (ascending) order as a commit locks them.
 const HEARTBEAT: &str = r#"
 UPDATE gd_instances i
    SET lease_expires_at = coalesce($4, now()) + $3 * interval '1 millisecond'
-  FROM unnest($1::int8[], $2::int8[]) AS l(id, epoch)
- WHERE i.id = l.id AND i.lease_epoch = l.epoch AND i.locked_by = $5 AND i.status = 'executing'
+ WHERE i.id = ANY ($1::int8[])
+   AND i.locked_by = $5
+   AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
 RETURNING i.id, i.cancel_requested
 "#;
 
@@ -25,7 +32,9 @@ pub(crate) async fn heartbeat<'e>(
     node: &str,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<(i64, bool)>> {
-    let (ids, epochs): (Vec<i64>, Vec<i64>) = leases.iter().copied().unzip();
+    let mut sorted = leases.to_vec();
+    sorted.sort_unstable();
+    let (ids, epochs): (Vec<i64>, Vec<i64>) = sorted.into_iter().unzip();
     Ok(sqlx::query_as(HEARTBEAT)
         .bind(ids)
         .bind(epochs)
