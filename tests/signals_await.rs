@@ -307,3 +307,149 @@ async fn a_same_name_signal_arriving_during_the_step_survives_its_consumption() 
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }
+
+test_fsm!(Quick, state = Count, queue = "q", version = 1, {
+    Run => "run" |_ctx| { Ok(Step::done(json!(1))) },
+});
+
+/// `done` deletes the whole inbox, including a signal whose delivery committed while the
+/// group commit that finishes its instance was already running (the commit deletes the
+/// inbox in a statement of its own, with a fresh snapshot, under the row locks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_delivered_while_instances_finish_leave_no_inbox_behind() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let n = 600;
+    let rows: Vec<gen_durable::Entry<Quick>> = (0..n)
+        .map(|_| gen_durable::Entry::new(Count::default()))
+        .collect();
+    let ids = gd.insert_all::<Quick>(rows).await.unwrap();
+    let engine = Engine::builder(db.pool().clone())
+        .registry({
+            let mut r = Registry::new();
+            r.register::<Quick>();
+            r
+        })
+        .queue_with(
+            "q",
+            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .await
+        .unwrap();
+    // Four senders sweep the ids over and over while the engine finishes them: many
+    // deliveries land on rows that are executing or being committed.
+    let mut senders = Vec::new();
+    for k in 0..4usize {
+        let (gd, ids) = (gd.clone(), ids.clone());
+        senders.push(tokio::spawn(async move {
+            let (mut stored, mut late) = (0, 0);
+            for round in 0..3 {
+                for (j, &id) in ids.iter().enumerate().skip((k + round) % 4).step_by(4) {
+                    match gd.signal(id, "poke", json!({ "j": j })).await {
+                        Ok(_) => stored += 1,
+                        Err(gen_durable::Error::Finished { .. }) => late += 1,
+                        Err(e) => panic!("delivery to {id}: {e}"),
+                    }
+                }
+            }
+            (stored, late)
+        }));
+    }
+    let mut stored = 0;
+    for s in senders {
+        stored += s.await.unwrap().0;
+    }
+    eventually(30, "every instance done", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+        )
+        .await
+            == n as i64
+    })
+    .await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert!(stored > 0, "some deliveries reached live instances");
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_signals").await,
+        0,
+        "no signal outlives its finished instance ({stored} were stored while they ran)"
+    );
+    db.close().await;
+}
+
+test_fsm!(Parker, state = Count, queue = "p", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["go"], Parker::Go)) },
+    Go => "go" |ctx| { Ok(Step::done(json!(ctx.awaited().len()))) },
+});
+
+/// No lost wake-up under load: each of 600 instances gets one `go` from concurrent
+/// senders while the engine parks them, so many deliveries commit while the group
+/// commit that parks their instance runs. None may stay parked with its signal in the
+/// inbox (the commit re-checks the inbox in a statement of its own, with a fresh
+/// snapshot, under the row locks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_racing_the_commits_that_park_wake_every_instance() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let n = 600;
+    let rows: Vec<gen_durable::Entry<Parker>> = (0..n)
+        .map(|_| gen_durable::Entry::new(Count::default()))
+        .collect();
+    let ids = gd.insert_all::<Parker>(rows).await.unwrap();
+    let engine = Engine::builder(db.pool().clone())
+        .registry({
+            let mut r = Registry::new();
+            r.register::<Parker>();
+            r
+        })
+        .queue_with(
+            "p",
+            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let mut senders = Vec::new();
+    for k in 0..4usize {
+        let (gd, ids) = (gd.clone(), ids.clone());
+        senders.push(tokio::spawn(async move {
+            for &id in ids.iter().skip(k).step_by(4) {
+                gd.signal(id, "go", json!({})).await.unwrap();
+            }
+        }));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    eventually(30, "nothing runnable or executing", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status IN ('runnable', 'executing')",
+        )
+        .await
+            == 0
+    })
+    .await;
+    let stranded = count(
+        db.pool(),
+        "SELECT count(*) FROM gd_instances i WHERE i.status = 'awaiting_signal'
+            AND EXISTS (SELECT 1 FROM gd_signals s WHERE s.target_id = i.id AND s.name = ANY (i.awaits))",
+    )
+    .await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        stranded, 0,
+        "instances parked with their signal in the inbox"
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done' AND result = '1'"
+        )
+        .await,
+        n as i64
+    );
+    db.close().await;
+}
