@@ -8,6 +8,7 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{Acquire, Postgres};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::Shared;
@@ -61,8 +62,8 @@ pub(crate) fn retryable(err: &Error) -> bool {
     }
 }
 
-/// The committer's connection, held while commits follow each other (no pool acquire,
-/// and no ping, per batch) and handed back to the pool after [`HOLD`] without one.
+/// A committer's connection, kept while commits follow each other (no pool acquire, and
+/// no ping, per batch) and handed back to the pool after [`HOLD`] without one.
 type Held = Option<PoolConnection<Postgres>>;
 
 /// How long the committer keeps its connection with nothing to commit.
@@ -125,6 +126,14 @@ pub(crate) fn injected(at: &str) -> Error {
     }
 }
 
+/// Commits running at once. A second starts beside the first only for a batch of at
+/// least [`BESIDE`] outcomes, so that batches stay large while the commit path keeps
+/// both the database's cores busy.
+const IN_FLIGHT: usize = 2;
+
+/// The smallest batch that starts while another commit runs.
+const BESIDE: usize = 32;
+
 /// The committer service: runs until `stop` and its channel is drained.
 pub(crate) async fn run(
     shared: Arc<Shared>,
@@ -133,61 +142,83 @@ pub(crate) async fn run(
 ) {
     let max = shared.cfg.commit_batch;
     let mut pending: Vec<CommitRequest> = Vec::with_capacity(max);
-    let mut held: Held = None;
+    // Connections kept between commits, and the commits running.
+    let mut idle: Vec<PoolConnection<Postgres>> = Vec::new();
+    let mut flying: JoinSet<Held> = JoinSet::new();
+    let mut open = true;
     loop {
-        let first = match held {
-            Some(_) => match tokio::time::timeout(HOLD, next_request(&mut rx, &stop)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // Idle: give the connection back while waiting.
-                    held = None;
-                    next_request(&mut rx, &stop).await
+        while !pending.is_empty()
+            && (flying.is_empty()
+                || (flying.len() < IN_FLIGHT && (pending.len() >= BESIDE || !open)))
+        {
+            let batch = std::mem::replace(&mut pending, Vec::with_capacity(max));
+            flying.spawn(commit_task(shared.clone(), idle.pop(), batch));
+        }
+        if !open && pending.is_empty() && flying.is_empty() {
+            return;
+        }
+        tokio::select! {
+            r = next_request(&mut rx, &stop), if open && pending.len() < max => match r {
+                Some(r) => {
+                    pending.push(r);
+                    while pending.len() < max {
+                        match rx.try_recv() {
+                            Ok(r) => pending.push(r),
+                            Err(_) => break,
+                        }
+                    }
                 }
+                None => open = false,
             },
-            None => next_request(&mut rx, &stop).await,
-        };
-        let Some(first) = first else { return };
-        pending.push(first);
-        while pending.len() < max {
-            match rx.try_recv() {
-                Ok(r) => pending.push(r),
-                Err(_) => break,
+            Some(done) = flying.join_next(), if !flying.is_empty() => {
+                if let Ok(Some(conn)) = done {
+                    idle.push(conn);
+                }
+            }
+            // Idle: give the connections back.
+            _ = tokio::time::sleep(HOLD), if flying.is_empty() && pending.is_empty() && !idle.is_empty() => {
+                idle.clear();
             }
         }
-        let batch: Vec<Commit<'_>> = pending
-            .iter()
-            .map(|r| Commit {
-                id: r.id,
-                epoch: r.epoch,
-                output: &r.output,
-                run_ahead: r.run_ahead,
-            })
-            .collect();
-        let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
-        queues.sort_unstable();
-        queues.dedup();
-        let notify = shared.notifier.claim(queues);
-        let started = std::time::Instant::now();
-        let result = commit_batch(&shared, &mut held, &batch, &notify).await;
-        drop(batch);
-        if let Ok(done) = &result {
-            shared.telemetry.emit(Event::CommitStop {
-                duration: started.elapsed(),
-                count: pending.len(),
-                committed: done.fenced.len(),
-            });
-        }
-        for r in pending.drain(..) {
-            let reply = match &result {
-                Ok(done) => Ok(CommitReply::of(done, r.id)),
-                Err(e) => Err(Error::CommitFailed {
-                    id: r.id,
-                    reason: e.to_string(),
-                }),
-            };
-            let _ = r.reply.send(reply);
-        }
     }
+}
+
+/// Commits one batch, answers each of its steps, and hands back the connection.
+async fn commit_task(shared: Arc<Shared>, mut held: Held, pending: Vec<CommitRequest>) -> Held {
+    let batch: Vec<Commit<'_>> = pending
+        .iter()
+        .map(|r| Commit {
+            id: r.id,
+            epoch: r.epoch,
+            output: &r.output,
+            run_ahead: r.run_ahead,
+        })
+        .collect();
+    let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let notify = shared.notifier.claim(queues);
+    let started = std::time::Instant::now();
+    let result = commit_batch(&shared, &mut held, &batch, &notify).await;
+    drop(batch);
+    if let Ok(done) = &result {
+        shared.telemetry.emit(Event::CommitStop {
+            duration: started.elapsed(),
+            count: pending.len(),
+            committed: done.fenced.len(),
+        });
+    }
+    for r in pending {
+        let reply = match &result {
+            Ok(done) => Ok(CommitReply::of(done, r.id)),
+            Err(e) => Err(Error::CommitFailed {
+                id: r.id,
+                reason: e.to_string(),
+            }),
+        };
+        let _ = r.reply.send(reply);
+    }
+    held
 }
 
 /// The next request, or None once the engine stops and every request is handled.
