@@ -29,7 +29,7 @@ pub fn classify(sql: &str) -> &'static str {
     let s = sql.trim_start();
     if s.contains("WITH picked AS MATERIALIZED") {
         "claim"
-    } else if s.contains("FOR NO KEY UPDATE OF i") && s.contains("AS f(id, epoch)") {
+    } else if s.starts_with("SELECT i.id, i.cancel_requested") && s.contains("FOR NO KEY UPDATE") {
         "fence"
     } else if s.contains("gd_commit_outcomes(") {
         "apply"

@@ -1,6 +1,7 @@
 //! Group commit: outcomes of many steps, across instances, in one statement (fenced per
-//! row; three in a transaction when the batch spawns children). While one batch commits, the next
-//! accumulates, so batching grows with load and adds no delay when idle.
+//! row; three in a transaction when the batch spawns children). While a batch commits,
+//! the next accumulates (a second may start beside it once it holds [`BESIDE`]
+//! outcomes), so batching grows with load and adds no delay when idle.
 
 use std::sync::Arc;
 use std::time::Duration;

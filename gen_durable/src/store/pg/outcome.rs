@@ -18,16 +18,16 @@ use crate::store::pg::millis;
 /// is not returned, and none of its children are inserted: that is the fence. The apply
 /// that follows in the same transaction fences again and finds the same rows.
 ///
-/// The fence is `(locked_by, lease_epoch)` alone, as in `gd_commit_outcomes`: `locked_by`
-/// is set only while a row is claimed. Naming the status would let the planner read
-/// every executing row through the partial lease index; `i.id = ANY ($1)` keeps it on
-/// the primary key whatever it estimates for `unnest`.
+/// Shaped like the function's update: the fence is `(locked_by, lease_epoch)` alone
+/// (`locked_by` is set only while a row is claimed), the rows are read by primary key and
+/// each epoch is found by binary search in the sorted ids — no join whose plan could
+/// rescan the arrays per row, no scan of every executing row through the lease index.
 const FENCE: &str = r#"
 SELECT i.id, i.cancel_requested
   FROM gd_instances i
-  JOIN unnest($1::int8[], $2::int8[]) AS f(id, epoch) ON i.id = f.id
  WHERE i.id = ANY ($1::int8[])
-   AND i.locked_by = $3 AND i.lease_epoch = f.epoch
+   AND i.locked_by = $3
+   AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
  ORDER BY i.id
    FOR NO KEY UPDATE OF i
 "#;
@@ -90,10 +90,17 @@ pub(crate) async fn commit(
     notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<Committed> {
+    // Both statements find each row's outcome by binary search: ids ascending, each once.
+    let mut sorted: Vec<&Commit<'_>> = batch.iter().collect();
+    sorted.sort_unstable_by_key(|c| c.id);
+    debug_assert!(
+        sorted.windows(2).all(|w| w[0].id < w[1].id),
+        "one outcome per row"
+    );
     let mut spawned: HashMap<i64, i32> = HashMap::new();
     if needs_transaction(batch) {
-        let ids: Vec<i64> = batch.iter().map(|c| c.id).collect();
-        let epochs: Vec<i64> = batch.iter().map(|c| c.epoch).collect();
+        let ids: Vec<i64> = sorted.iter().map(|c| c.id).collect();
+        let epochs: Vec<i64> = sorted.iter().map(|c| c.epoch).collect();
         let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
             .bind(&ids)
             .bind(&epochs)
@@ -105,7 +112,7 @@ pub(crate) async fn commit(
         // Children first, so each parent's counter is what was actually inserted.
         let mut children: Vec<NewInstance> = Vec::new();
         let mut parents: Vec<Option<i64>> = Vec::new();
-        for c in batch.iter().filter(|c| fenced.contains(&c.id)) {
+        for c in sorted.iter().filter(|c| fenced.contains(&c.id)) {
             if let Some(kids) = spawns(c, &cancelled) {
                 children.extend(kids.iter().cloned());
                 parents.extend(std::iter::repeat_n(Some(c.id), kids.len()));
@@ -123,13 +130,6 @@ pub(crate) async fn commit(
         }
     }
 
-    // The function finds each row's outcome by binary search: ids ascending, each once.
-    let mut sorted: Vec<&Commit<'_>> = batch.iter().collect();
-    sorted.sort_unstable_by_key(|c| c.id);
-    debug_assert!(
-        sorted.windows(2).all(|w| w[0].id < w[1].id),
-        "one outcome per row"
-    );
     let n = sorted.len();
     let mut a_id = Vec::with_capacity(n);
     let mut a_epoch = Vec::with_capacity(n);
