@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
+use crate::pool::can_spare;
 use crate::runtime::NewInstance;
 use crate::store::pg::insert::{insert_one, insert_rows};
 
@@ -89,8 +90,8 @@ impl GroupInsert {
     }
 }
 
-/// Runs statements until the queue is empty, on one connection held meanwhile (no pool
-/// round trips between statements).
+/// Runs statements until the queue is empty, on one connection kept meanwhile (no pool
+/// round trips between statements) while the pool can spare it.
 async fn run(group: Arc<GroupInsert>, target: Target) {
     let mut guard = Running {
         group: &group,
@@ -120,11 +121,12 @@ async fn run(group: Arc<GroupInsert>, target: Target) {
                     .collect(),
             },
         };
-        if results
-            .iter()
-            .any(|r| matches!(r, Err(Error::Database(e)) if !matches!(e, sqlx::Error::Database(_))))
-        {
-            // The connection may be broken: let the pool check it.
+        let broken = results.iter().any(
+            |r| matches!(r, Err(Error::Database(e)) if !matches!(e, sqlx::Error::Database(_))),
+        );
+        if broken || !can_spare(&target.pool) {
+            // A connection that may be broken goes back for the pool to check; so does one
+            // the pool needs for another caller.
             conn = None;
         }
         for (reply, result) in replies.into_iter().zip(results) {

@@ -78,6 +78,7 @@ mod job;
 mod migrate;
 mod notify;
 mod options;
+mod pool;
 mod registry;
 pub mod runtime;
 mod state;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Shared;
 use crate::error::{Error, Result};
+use crate::pool::can_spare;
 use crate::runtime::StepOutput;
 use crate::store::pg::outcome::{self, Commit, Committed};
 use crate::telemetry::Event;
@@ -64,7 +65,8 @@ pub(crate) fn retryable(err: &Error) -> bool {
 }
 
 /// A committer's connection, kept while commits follow each other (no pool acquire, and
-/// no ping, per batch) and handed back to the pool after [`HOLD`] without one.
+/// no ping, per batch) and handed back to the pool after [`HOLD`] without one, or at
+/// once when the pool has nothing else to give.
 type Held = Option<PoolConnection<Postgres>>;
 
 /// How long the committer keeps its connection with nothing to commit.
@@ -172,8 +174,12 @@ pub(crate) async fn run(
                 None => open = false,
             },
             Some(done) = flying.join_next(), if !flying.is_empty() => {
+                // Keep the connection for the next commit unless a claim or a step
+                // could be left waiting for it (a small pool).
                 if let Ok(Some(conn)) = done {
-                    idle.push(conn);
+                    if can_spare(&shared.pool) {
+                        idle.push(conn);
+                    }
                 }
             }
             // Idle: give the connections back.
