@@ -308,6 +308,32 @@ async fn a_same_name_signal_arriving_during_the_step_survives_its_consumption() 
     db.close().await;
 }
 
+/// `n` instances of `F` and an engine on its queue `queue` (64 at once, polling every
+/// 20 ms), for the tests where deliveries race the group commits.
+async fn racing<F: gen_durable::Fsm<State = Count>>(
+    db: &TestDb,
+    n: usize,
+    queue: &str,
+) -> (Client, Vec<i64>, Engine) {
+    let gd = Client::new(db.pool().clone());
+    let rows: Vec<gen_durable::Entry<F>> = (0..n)
+        .map(|_| gen_durable::Entry::new(Count::default()))
+        .collect();
+    let ids = gd.insert_all::<F>(rows).await.unwrap();
+    let mut registry = Registry::new();
+    registry.register::<F>();
+    let engine = Engine::builder(db.pool().clone())
+        .registry(registry)
+        .queue_with(
+            queue,
+            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
+        )
+        .start()
+        .await
+        .unwrap();
+    (gd, ids, engine)
+}
+
 test_fsm!(Quick, state = Count, queue = "q", version = 1, {
     Run => "run" |_ctx| { Ok(Step::done(json!(1))) },
 });
@@ -318,25 +344,8 @@ test_fsm!(Quick, state = Count, queue = "q", version = 1, {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_delivered_while_instances_finish_leave_no_inbox_behind() {
     let db = TestDb::new().await;
-    let gd = Client::new(db.pool().clone());
     let n = 600;
-    let rows: Vec<gen_durable::Entry<Quick>> = (0..n)
-        .map(|_| gen_durable::Entry::new(Count::default()))
-        .collect();
-    let ids = gd.insert_all::<Quick>(rows).await.unwrap();
-    let engine = Engine::builder(db.pool().clone())
-        .registry({
-            let mut r = Registry::new();
-            r.register::<Quick>();
-            r
-        })
-        .queue_with(
-            "q",
-            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .await
-        .unwrap();
+    let (gd, ids, engine) = racing::<Quick>(&db, n, "q").await;
     // Four senders sweep the ids over and over while the engine finishes them: many
     // deliveries land on rows that are executing or being committed.
     let mut senders = Vec::new();
@@ -392,25 +401,8 @@ test_fsm!(Parker, state = Count, queue = "p", version = 1, {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_racing_the_commits_that_park_wake_every_instance() {
     let db = TestDb::new().await;
-    let gd = Client::new(db.pool().clone());
     let n = 600;
-    let rows: Vec<gen_durable::Entry<Parker>> = (0..n)
-        .map(|_| gen_durable::Entry::new(Count::default()))
-        .collect();
-    let ids = gd.insert_all::<Parker>(rows).await.unwrap();
-    let engine = Engine::builder(db.pool().clone())
-        .registry({
-            let mut r = Registry::new();
-            r.register::<Parker>();
-            r
-        })
-        .queue_with(
-            "p",
-            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
-        )
-        .start()
-        .await
-        .unwrap();
+    let (gd, ids, engine) = racing::<Parker>(&db, n, "p").await;
     let mut senders = Vec::new();
     for k in 0..4usize {
         let (gd, ids) = (gd.clone(), ids.clone());
