@@ -877,8 +877,9 @@ async fn explain_text(
 }
 
 /// `pick_1m`: 1,000,000 rows, 200,000 of them runnable; EXPLAIN (ANALYZE, BUFFERS) of the
-/// engine's claim statement (captured from the engine itself), plus the fence, the apply
-/// and a signal delivery on the same table, printed to stderr. Everything rolls back.
+/// engine's claim statement (captured from the engine itself), plus the group commit (its
+/// inner statements through auto_explain) and a signal delivery on the same table,
+/// printed to stderr. Everything rolls back.
 async fn pick_1m(b: &Bench) -> R<Report> {
     let (rows, runnable_every) = if b.smoke() {
         (10_000, 5)
@@ -985,7 +986,7 @@ async fn pick_1m(b: &Bench) -> R<Report> {
     })
     .await?;
     eprintln!("---- EXPLAIN claim (batch 100, {rows} rows, {runnable} runnable)\n{plan}");
-    // Claim 100 for real (inside this transaction), then fence and apply them.
+    // Claim 100 for real (inside this transaction), then commit them as `next`.
     let claimed: Vec<(i64, i64)> = {
         use sqlx::Row;
         sqlx::query(&claim_sql)
