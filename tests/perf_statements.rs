@@ -55,6 +55,22 @@ fn registry() -> Registry {
     r
 }
 
+/// Runs `test` on a current-thread runtime with a statement log installed for this
+/// thread only, so every task of the engine it starts is counted.
+fn counted<F, Fut>(test: F)
+where
+    F: FnOnce(StatementLog) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let rec = StatementLog::new();
+    let _guard = tracing::subscriber::set_default(rec.clone());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(test(rec));
+}
+
 /// A pool on the test's database whose statements sqlx logs (its default).
 async fn logged_pool(db: &TestDb, size: u32) -> PgPool {
     let url = std::env::var("DATABASE_URL")
@@ -142,13 +158,7 @@ async fn pick_of(k: usize, rec: &StatementLog) -> Vec<Statement> {
 
 #[test]
 fn a_pick_is_one_statement_whatever_its_size() {
-    let rec = StatementLog::new();
-    let _guard = tracing::subscriber::set_default(rec.clone());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    counted(|rec| async move {
         let mut picks = Vec::new();
         for k in [1usize, 50] {
             let seen = pick_of(k, &rec).await;
@@ -218,13 +228,7 @@ async fn flush_of(k: usize, rec: &StatementLog) -> (Vec<Statement>, Vec<(usize, 
 
 #[test]
 fn a_flush_of_many_next_outcomes_is_a_constant_number_of_statements() {
-    let rec = StatementLog::new();
-    let _guard = tracing::subscriber::set_default(rec.clone());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    counted(|rec| async move {
         for k in [10usize, 200] {
             let (seen, commits) = flush_of(k, &rec).await;
             // Every flush, whatever its size, is one statement: no fence of its own, no
@@ -257,13 +261,7 @@ fn a_flush_of_many_next_outcomes_is_a_constant_number_of_statements() {
 
 #[test]
 fn a_signal_delivery_is_one_statement() {
-    let rec = StatementLog::new();
-    let _guard = tracing::subscriber::set_default(rec.clone());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    counted(|rec| async move {
         let db = TestDb::new().await;
         // One connection, so the warm-up below warms the one that is counted.
         let pool = logged_pool(&db, 1).await;

@@ -135,6 +135,27 @@ pub(crate) struct Report {
     pub(crate) extra: Map<String, Value>,
 }
 
+impl Report {
+    /// `n` things in `secs`, with each one's latency in `lat_ms`.
+    pub(crate) fn measured(
+        n: u64,
+        secs: f64,
+        lat_ms: &mut [f64],
+        statements_per_step: f64,
+        extra: Map<String, Value>,
+    ) -> Self {
+        Report {
+            n,
+            secs,
+            per_s: n as f64 / secs,
+            p50_ms: scenarios::percentile(lat_ms, 0.5),
+            p99_ms: scenarios::percentile(lat_ms, 0.99),
+            statements_per_step: Some(statements_per_step),
+            extra,
+        }
+    }
+}
+
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const ALL: &[&str] = &[

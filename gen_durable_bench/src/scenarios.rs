@@ -219,7 +219,7 @@ async fn start_engine(pool: &PgPool, cfg: &EngineCfg, tracker: &Arc<Tracker>) ->
         .await?)
 }
 
-fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+pub(crate) fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -340,15 +340,7 @@ async fn insert(b: &Bench) -> R<Report> {
             Err(e) => eprintln!("pgbench insert baseline failed: {e}"),
         }
     }
-    Ok(Report {
-        n: n as u64,
-        secs,
-        per_s: n as f64 / secs,
-        p50_ms: percentile(&mut lat, 0.5),
-        p99_ms: percentile(&mut lat, 0.99),
-        statements_per_step: Some(spr),
-        extra,
-    })
+    Ok(Report::measured(n as u64, secs, &mut lat, spr, extra))
 }
 
 /// Inserts one `Noop` per `i` in `range` from `callers` tasks (state `i`, or `warm` < 0
@@ -474,15 +466,7 @@ async fn insert_all(b: &Bench) -> R<Report> {
     let mut extra = Map::new();
     extra.insert("rows_per_call".into(), json!(per_call));
     let spr = statements(&counts, n as u64, &mut extra);
-    Ok(Report {
-        n: n as u64,
-        secs,
-        per_s: n as f64 / secs,
-        p50_ms: percentile(&mut lat, 0.5),
-        p99_ms: percentile(&mut lat, 0.99),
-        statements_per_step: Some(spr),
-        extra,
-    })
+    Ok(Report::measured(n as u64, secs, &mut lat, spr, extra))
 }
 
 /// `drain` (single-step no-ops) or `five_step` (five `next` steps each): inserts the
@@ -556,15 +540,7 @@ async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
     tracker.commit_stats(&mut extra);
     let mut lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
     extra.insert("latency".into(), json!("step start -> outcome committed"));
-    Ok(Report {
-        n: steps,
-        secs,
-        per_s: steps as f64 / secs,
-        p50_ms: percentile(&mut lat, 0.5),
-        p99_ms: percentile(&mut lat, 0.99),
-        statements_per_step: Some(spr),
-        extra,
-    })
+    Ok(Report::measured(steps, secs, &mut lat, spr, extra))
 }
 
 /// `drain_sweep`: the drain under several engine settings, to choose the defaults.
@@ -680,15 +656,7 @@ async fn signal_latency(b: &Bench) -> R<Report> {
     );
     let spr = statements(&counts, samples as u64, &mut extra);
     tracker.commit_stats(&mut extra);
-    Ok(Report {
-        n: samples as u64,
-        secs,
-        per_s: samples as f64 / secs,
-        p50_ms: percentile(&mut lat, 0.5),
-        p99_ms: percentile(&mut lat, 0.99),
-        statements_per_step: Some(spr),
-        extra,
-    })
+    Ok(Report::measured(samples as u64, secs, &mut lat, spr, extra))
 }
 
 /// `fan_out`: one parent, 10,000 children, the parent's fan-in step; from insert to the
