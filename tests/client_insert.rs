@@ -28,7 +28,13 @@ async fn each_option_lands_in_its_column() {
         .priority(5)
         .partition_key("order:42")
         .unique_key("k1")
-        .unique_scope([Status::Runnable, Status::Done])
+        .unique_scope([
+            Status::Runnable,
+            Status::Executing,
+            Status::AwaitingSignal,
+            Status::AwaitingChildren,
+            Status::Done,
+        ])
         .eligible_at(at)
         .await
         .unwrap();
@@ -46,7 +52,7 @@ async fn each_option_lands_in_its_column() {
     assert_eq!(column(p, id, "unique_key").await.as_deref(), Some("k1"));
     assert_eq!(
         column(p, id, "unique_scope").await.as_deref(),
-        Some("{runnable,done}")
+        Some("{runnable,executing,awaiting_signal,awaiting_children,done}")
     );
     assert_eq!(
         column(p, id, "state->>'order'").await.as_deref(),
@@ -242,10 +248,12 @@ async fn unique_scopes() {
         .expect("key freed by leaving the scope");
 
     // A scope that includes `done` keeps the key after the instance finishes.
+    let mut live_and_done = Status::NON_TERMINAL.to_vec();
+    live_and_done.push(Status::Done);
     let id = gd
         .insert::<Checkout>(order(4))
         .unique_key("b")
-        .unique_scope([Status::Runnable, Status::Executing, Status::Done])
+        .unique_scope(live_and_done)
         .await
         .unwrap();
     sqlx::query("UPDATE gd_instances SET status = 'done' WHERE id = $1")
@@ -267,6 +275,48 @@ async fn unique_scopes() {
         .unique_key("b")
         .await
         .expect("failed is outside the scope");
+
+    // A scope that leaves out a live status is refused: a row could leave it and come
+    // back while another row holds the key (RELIABILITY.md, E2). Nothing is written.
+    let before = count(p, "SELECT count(*) FROM gd_instances").await;
+    for scope in [
+        vec![Status::Runnable],
+        vec![Status::Executing],
+        vec![Status::Runnable, Status::Executing, Status::Done],
+    ] {
+        let r = gd
+            .insert::<Checkout>(order(7))
+            .unique_key("c")
+            .unique_scope(scope.clone())
+            .await;
+        assert!(
+            matches!(
+                &r,
+                Err(Error::InvalidInput {
+                    what: "unique_scope",
+                    ..
+                })
+            ),
+            "{scope:?}: {r:?}"
+        );
+    }
+    assert_eq!(count(p, "SELECT count(*) FROM gd_instances").await, before);
+    // Every status, and no status, are accepted.
+    let all = [
+        Status::NON_TERMINAL.to_vec(),
+        vec![Status::Done, Status::Failed],
+    ]
+    .concat();
+    gd.insert::<Checkout>(order(8))
+        .unique_key("d")
+        .unique_scope(all)
+        .await
+        .unwrap();
+    gd.insert::<Checkout>(order(9))
+        .unique_key("e")
+        .unique_scope([])
+        .await
+        .unwrap();
 
     // A NULL key never conflicts.
     for i in 0..3 {

@@ -89,7 +89,7 @@ conformance! {
     scheduling::schedule_in_is_never_early,
     scheduling::insert_at_a_named_step_and_reject_unknown_steps,
     scheduling::unique_key_default_scope_frees_at_terminal,
-    scheduling::unique_scope_frees_when_status_leaves_it,
+    scheduling::a_unique_scope_a_row_could_re_enter_is_refused,
     scheduling::insert_all_drops_stored_and_batch_duplicates_not_null_keys,
     scheduling::cancel_fails_a_parked_instance_and_its_children,
     scheduling::cancelling_a_child_counts_its_parent_down,

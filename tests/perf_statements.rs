@@ -179,7 +179,7 @@ fn a_pick_is_one_statement_whatever_its_size() {
                 .filter(|s| {
                     !matches!(
                         s.kind,
-                        "claim" | "apply" | "listen" | "announce" | "heartbeat"
+                        "claim" | "apply" | "listen" | "announce" | "setup" | "heartbeat"
                     )
                 })
                 .collect();

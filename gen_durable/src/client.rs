@@ -195,28 +195,28 @@ impl Client {
     }
 
     /// Makes a `failed` instance runnable again at the step it failed in, with `attempt` 0.
+    ///
+    /// A child is retried only while its parent still waits for its children (it then
+    /// waits for this one again); once the parent has gone on, the retry is refused with
+    /// [`Error::ParentMovedOn`]. A parent that still has live children (cancelled while a
+    /// child ran) waits for them again instead of running at once.
     pub async fn retry(&self, id: i64) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        let r = pg::control::retry(&mut conn, id, self.clock.now_param()).await;
-        match r {
-            Ok((None, _)) => Err(Error::NotFound { id }),
-            Ok((Some(_), true)) => Ok(()),
-            Ok((Some(st), false)) => Err(Error::WrongStatus {
-                id,
-                status: st.to_string(),
-                what: "only a failed instance can be retried",
-            }),
+        let mut tx = self.pool.begin().await?;
+        let r = pg::control::retry(&mut tx, id, self.clock.now_param()).await;
+        let r = match r {
+            Ok(r) => r,
             Err(Error::Database(sqlx::Error::Database(db)))
                 if db.code().as_deref() == Some(pg::UNIQUE_VIOLATION) =>
             {
-                Err(Error::Duplicate {
+                return Err(Error::Duplicate {
                     key: format!("(the unique key of instance {id})"),
-                })
+                });
             }
-            Err(e) => Err(e),
-        }
+            Err(e) => return Err(e),
+        };
+        tx.commit().await?;
+        retry_result(id, r)
     }
-
     /// The queues of `rows` this statement wakes itself (see [`Client::notify_window`]).
     fn notify_for(&self, rows: &[NewInstance]) -> Vec<String> {
         let mut queues: Vec<&str> = rows.iter().map(|r| r.queue.as_str()).collect();
@@ -245,6 +245,25 @@ impl Client {
         id.ok_or_else(|| Error::Duplicate {
             key: row.unique_key.unwrap_or_default(),
         })
+    }
+}
+
+/// Maps what a retry found to its answer.
+fn retry_result(id: i64, r: pg::control::RetryResult) -> Result<()> {
+    use pg::control::RetryResult as R;
+    match r {
+        R::NotFound => Err(Error::NotFound { id }),
+        R::Retried => Ok(()),
+        R::NotFailed(st) => Err(Error::WrongStatus {
+            id,
+            status: st.to_string(),
+            what: "only a failed instance can be retried",
+        }),
+        R::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
+            id,
+            parent,
+            status: status.to_string(),
+        }),
     }
 }
 
@@ -284,7 +303,7 @@ impl<F: Fsm> Entry<F> {
         if let Some(step) = &self.opts.step {
             entry.check_step(step)?;
         }
-        Ok(NewInstance::from_parts(
+        let row = NewInstance::from_parts(
             F::NAME,
             F::VERSION,
             F::initial().step_name(),
@@ -292,7 +311,9 @@ impl<F: Fsm> Entry<F> {
             F::MAX_REAPS,
             state,
             self.opts,
-        ))
+        );
+        row.validate()?;
+        Ok(row)
     }
 }
 
@@ -390,6 +411,7 @@ impl<'c> InsertJson<'c> {
             self.state,
             self.opts,
         );
+        row.validate()?;
         Ok((self.client, row))
     }
 }
@@ -442,19 +464,14 @@ impl SignalSend<'_> {
         self
     }
 
-    /// Checks the name and payload, then delivers on `db` in one statement.
+    /// Checks the name, payload and dedup key, then delivers on `db` in one statement.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
-        let len = self.name.len();
-        if !(1..=255).contains(&len) {
-            return Err(Error::InvalidSignalName { len });
-        }
-        let size = serde_json::to_vec(&self.payload)?.len();
-        if size > self.client.max_signal_payload {
-            return Err(Error::PayloadTooLarge {
-                size,
-                limit: self.client.max_signal_payload,
-            });
-        }
+        crate::validate::check_signal(
+            &self.name,
+            &self.payload,
+            self.dedup_key.as_deref(),
+            self.client.max_signal_payload,
+        )?;
         let d = pg::signal::deliver(
             db,
             self.id,

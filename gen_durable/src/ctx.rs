@@ -121,6 +121,13 @@ impl StepContext {
     /// A transaction for the step's own writes. It commits in the same transaction as
     /// the step's outcome, fenced by the lease: the writes happen exactly once, or not at
     /// all if the step fails or the lease was lost. Begun on first use.
+    ///
+    /// It runs at READ COMMITTED, whatever the database's default, and has taken its first
+    /// snapshot when it is handed over: the outcome's commit relies on that level (under
+    /// REPEATABLE READ the engine's own heartbeat, which touches the row, would make the
+    /// commit fail with a serialization error and the step's writes would be lost), so a
+    /// `SET TRANSACTION ISOLATION LEVEL …` on it fails at that call with PostgreSQL's
+    /// "SET TRANSACTION ISOLATION LEVEL must be called before any query".
     pub async fn transaction(&mut self) -> Result<&mut Transaction<'static, Postgres>> {
         if self.tx.is_none() {
             let pool = self.pool.as_ref().ok_or_else(|| {
@@ -128,7 +135,7 @@ impl StepContext {
                     "ctx.transaction() needs the Postgres engine; the in-memory testkit has no database".into(),
                 )
             })?;
-            self.tx = Some(pool.begin().await?);
+            self.tx = Some(pool.begin_with(crate::engine::BEGIN_READ_COMMITTED).await?);
         }
         Ok(self.tx.as_mut().expect("transaction begun above"))
     }

@@ -37,6 +37,27 @@ pub enum Error {
         /// What the operation needs.
         what: &'static str,
     },
+    /// A child can be retried only while its parent still waits for its children; this
+    /// one's parent has read its outcome and gone on. Nothing was changed.
+    #[error("instance {id} is a child of instance {parent}, which is {status} and no longer waits for its children: a retried child would end with nobody counting it; nothing was changed")]
+    ParentMovedOn {
+        /// The child asked for.
+        id: i64,
+        /// Its parent.
+        parent: i64,
+        /// The parent's status.
+        status: String,
+    },
+    /// A value the database cannot store or index (a NUL character in JSON or text, a key
+    /// over [`crate::MAX_KEY_BYTES`], a delay beyond [`crate::MAX_DELAY`], a uniqueness
+    /// scope that a row could re-enter); the message says which and why. Nothing was written.
+    #[error("invalid {what}: {reason}; nothing was written")]
+    InvalidInput {
+        /// What was wrong: `state`, `partition_key`, `signal payload`, …
+        what: &'static str,
+        /// Why, and the limit.
+        reason: String,
+    },
     /// A state does not cast into the FSM's state type; nothing was written.
     #[error("state does not cast: {0}")]
     InvalidState(#[from] CastError),

@@ -85,6 +85,7 @@ mod state;
 mod status;
 mod store;
 mod telemetry;
+mod validate;
 
 // The operator CLI behind the `gen_durable` binary; not part of the library API.
 #[cfg(feature = "cli")]
@@ -108,6 +109,9 @@ pub use registry::{FsmEntry, Registry};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;
 pub use telemetry::{Event, EventHandler};
+#[doc(hidden)]
+pub use validate::check_signal;
+pub use validate::{MAX_DELAY, MAX_KEY_BYTES};
 
 pub use gen_durable_macros::*;
 

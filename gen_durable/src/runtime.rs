@@ -16,6 +16,7 @@ use crate::ctx::{ChildInfo, Ctx, Signal, StepContext};
 use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
 use crate::options::InsertOptions;
 use crate::state::DurableState;
+use crate::validate;
 use crate::Status;
 
 /// A claimed instance, as the runner needs it.
@@ -62,6 +63,14 @@ pub struct StepOutput {
     pub run_ahead: bool,
     /// How long the handler (and `handle`) ran.
     pub duration: Duration,
+}
+
+impl StepOutput {
+    /// A `stop` with `reason` that keeps the stored state (the committer's replacement for
+    /// an outcome the database refused).
+    pub(crate) fn stopped(reason: String) -> Self {
+        stop_output(reason, Value::Null, Instant::now())
+    }
 }
 
 /// A type-erased step outcome (spec §3.1).
@@ -209,7 +218,7 @@ impl Child {
                 ));
             }
         }
-        Ok(NewInstance::from_parts(
+        let row = NewInstance::from_parts(
             self.fsm,
             self.version,
             self.initial,
@@ -217,7 +226,10 @@ impl Child {
             self.max_reaps,
             state,
             self.opts,
-        ))
+        );
+        row.validate()
+            .map_err(|e| format!("child {}: {e}", self.fsm))?;
+        Ok(row)
     }
 }
 
@@ -296,7 +308,7 @@ pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
         .catch_unwind()
         .await;
     let failure = match first {
-        Ok(Ok(step)) => return finish(step, ctx, None, started),
+        Ok(Ok(step)) => return checked(finish(step, ctx, None, started), &stored_state),
         Ok(Err(err)) => err,
         Err(panic) => StepError::with_kind(StepErrorKind::Panic, panic_message(panic)),
     };
@@ -313,7 +325,7 @@ pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
         .catch_unwind()
         .await;
     match handled {
-        Ok(Ok(step)) => finish(step, ctx, Some(message), started),
+        Ok(Ok(step)) => checked(finish(step, ctx, Some(message), started), &stored_state),
         Ok(Err(err)) => stop_output(
             format!("{message}; then handle failed: {err}"),
             stored_state,
@@ -324,6 +336,44 @@ pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
             stored_state,
             started,
         ),
+    }
+}
+
+/// An outcome the database could not store (a NUL character in its state or result, a
+/// delay out of range, a bad awaited name, a child that would not insert) fails the
+/// instance at once with a message naming the cause, keeping its last committed state,
+/// rather than reaching SQL: there it would fail the whole group commit it is part of.
+/// The step's own transaction is dropped (rolled back) with it. Messages are made
+/// storable instead: a NUL character in an error becomes `\0`.
+fn checked(mut out: StepOutput, stored: &Value) -> StepOutput {
+    if let Some(e) = out.error.as_mut().filter(|e| e.contains('\0')) {
+        *e = e.replace('\0', "\\0");
+    }
+    if let Outcome::Stop { reason } = &mut out.outcome {
+        if reason.contains('\0') {
+            *reason = reason.replace('\0', "\\0");
+        }
+    }
+    let problem = validate::json("state", &out.state).and_then(|()| match &out.outcome {
+        Outcome::Replay { delay } => validate::delay("replay delay", *delay),
+        Outcome::Await { names, timeout, .. } => names
+            .iter()
+            .try_for_each(|n| validate::signal_name(n))
+            .and_then(|()| timeout.map_or(Ok(()), |t| validate::delay("await timeout", t))),
+        Outcome::Done { result } => validate::json("result", result),
+        _ => Ok(()),
+    });
+    match problem {
+        Ok(()) => out,
+        Err(e) => {
+            let reason = format!(
+                "the step's {} outcome cannot be stored: {e}",
+                out.outcome.kind()
+            );
+            let mut failed = stop_output(reason, stored.clone(), Instant::now());
+            failed.duration = out.duration;
+            failed
+        }
     }
 }
 

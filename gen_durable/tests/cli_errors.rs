@@ -70,7 +70,7 @@ async fn missing_database() {
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "DROP FUNCTION gd_commit_outcomes; DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
+        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
     )
     .execute(db.pool())
     .await
@@ -108,6 +108,7 @@ async fn not_migrated_then_migrate() {
     );
     assert!(r.stdout.contains("0003 nodes"), "{}", r.stdout);
     assert!(r.stdout.contains("0004 commit"), "{}", r.stdout);
+    assert!(r.stdout.contains("0005 contention"), "{}", r.stdout);
     gd_on(&db, &["status"]).expect(0);
     db.close().await;
 }

@@ -236,17 +236,12 @@ impl TestKit {
         payload: Value,
         dedup_key: Option<String>,
     ) -> Result<Delivery> {
-        let len = name.len();
-        if !(1..=255).contains(&len) {
-            return Err(Error::InvalidSignalName { len });
-        }
-        let size = serde_json::to_vec(&payload)?.len();
-        if size > self.max_signal_payload {
-            return Err(Error::PayloadTooLarge {
-                size,
-                limit: self.max_signal_payload,
-            });
-        }
+        gen_durable::check_signal(
+            name,
+            &payload,
+            dedup_key.as_deref(),
+            self.max_signal_payload,
+        )?;
         let now = self.now();
         let d = self.store.deliver(id, name, payload, dedup_key, now);
         match d.status {
@@ -310,7 +305,8 @@ impl TestKit {
 
     /// Makes a failed instance runnable again at its step, now, with `attempt` 0, like
     /// `Client::retry`. `NotFound` for an unknown id, `WrongStatus` unless it is
-    /// `failed`, `Duplicate` if its unique key was taken since it failed.
+    /// `failed`, `ParentMovedOn` for a child whose parent no longer waits for it,
+    /// `Duplicate` if its unique key was taken since it failed.
     pub fn retry(&mut self, id: i64) -> Ready<Result<()>> {
         ready(self.retry_now(id))
     }
@@ -324,10 +320,25 @@ impl TestKit {
                 what: "only a failed instance can be retried",
             });
         }
+        // As `Client::retry`: a child only while its parent waits for its children.
+        let parent = self.store.row(id).and_then(|r| r.parent_id);
+        let rearm = match parent.and_then(|p| self.store.row(p)) {
+            Some(p) if p.status == Status::AwaitingChildren => Some(p.id),
+            Some(p) => {
+                return Err(Error::ParentMovedOn {
+                    id,
+                    parent: p.id,
+                    status: p.status.to_string(),
+                })
+            }
+            None => None,
+        };
         let now = self.now();
-        self.store.retry(id, now).map_err(|()| Error::Duplicate {
-            key: format!("(the unique key of instance {id})"),
-        })
+        self.store
+            .retry(id, now, rearm)
+            .map_err(|()| Error::Duplicate {
+                key: format!("(the unique key of instance {id})"),
+            })
     }
 
     fn status_of(&self, id: i64) -> Result<Status> {

@@ -23,13 +23,13 @@ use tracing::{Event, Metadata, Subscriber};
 
 /// The kind of a statement, from markers the engine's statements carry in their text:
 /// `claim`, `fence`, `apply` (the group commit), `insert`, `signal`, `heartbeat`, `reap`,
-/// `await_timeouts`, `announce`, `notify`, `type_lookup`, `begin`, `commit`, `rollback`,
+/// `await_timeouts`, `announce`, `setup` (the engine's start), `notify`, `type_lookup`, `begin`, `commit`, `rollback`,
 /// `listen`, or `other`.
 pub fn classify(sql: &str) -> &'static str {
     let s = sql.trim_start();
     if s.contains("WITH picked AS MATERIALIZED") {
         "claim"
-    } else if s.starts_with("SELECT i.id, i.cancel_requested") && s.contains("FOR NO KEY UPDATE") {
+    } else if s.contains("WITH locked AS MATERIALIZED") {
         "fence"
     } else if s.contains("gd_commit_outcomes(") {
         "apply"
@@ -39,12 +39,14 @@ pub fn classify(sql: &str) -> &'static str {
         "signal"
     } else if s.contains("SET lease_expires_at = coalesce($4") {
         "heartbeat"
-    } else if s.contains("WITH expired AS MATERIALIZED") {
+    } else if s.contains("gd_reap(") {
         "reap"
     } else if s.contains("WITH due AS MATERIALIZED") || s.contains("min(await_deadline)") {
         "await_timeouts"
     } else if s.contains("gd_nodes") {
         "announce"
+    } else if s.contains("current_setting('default_transaction_isolation')") {
+        "setup"
     } else if s.starts_with("SELECT pg_notify(") {
         "notify"
     } else if s.contains("pg_catalog.pg_type") || s.contains("enumlabel") {

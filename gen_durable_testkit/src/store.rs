@@ -425,9 +425,9 @@ impl Store {
     }
 
     /// Cancel (`store::pg::control`, CANCEL_TREE then CANCEL_APPLY): the instance and
-    /// its live descendants fail with "cancelled" at once — their inboxes go, and a
-    /// parent outside the tree counts each of its cancelled children down (waking at
-    /// zero), while counters inside the tree are left as they were. Returns how many
+    /// its live descendants fail with "cancelled" at once — their inboxes go, and every
+    /// parent counts each of its cancelled children down (one outside the tree wakes at
+    /// zero), so `children_pending` keeps counting live children. Returns how many
     /// failed. The kit runs no step between calls, so none is `executing`.
     pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> usize {
         let mut tree = vec![id];
@@ -460,16 +460,22 @@ impl Store {
             }
         }
         for &(t, parent) in &failed {
-            let outside = parent.filter(|p| !tree.contains(p));
-            self.finished(t, outside, now);
+            self.finished(t, parent, now);
         }
         failed.len()
     }
 
     /// RETRY: a failed instance is runnable again at the step it failed in, now, with
-    /// `attempt` and `children_pending` reset and nothing awaited. `Err(())` if its
-    /// unique key is taken meanwhile (the guard's unique index refuses the update).
-    pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) -> Result<(), ()> {
+    /// `attempt` reset and nothing awaited — or awaits its children again if some are
+    /// still live (`children_pending` recounted); a child re-arms its parent when the
+    /// caller found it awaiting its children. `Err(())` if its unique key is taken
+    /// meanwhile (the guard's unique index refuses the update).
+    pub(crate) fn retry(
+        &mut self,
+        id: i64,
+        now: DateTime<Utc>,
+        rearm: Option<i64>,
+    ) -> Result<(), ()> {
         let row = self.rows.get(&id).expect("checked by the caller");
         if let Some(key) = guard(&row.unique_key, &row.unique_scope, Status::Runnable) {
             if self
@@ -480,13 +486,24 @@ impl Store {
                 return Err(());
             }
         }
+        let live = self
+            .children(id)
+            .filter(|c| !c.status.is_terminal())
+            .count() as i32;
         let row = self.rows.get_mut(&id).expect("checked above");
-        row.status = Status::Runnable;
+        row.status = if live > 0 {
+            Status::AwaitingChildren
+        } else {
+            Status::Runnable
+        };
         row.attempt = 0;
-        row.children_pending = 0;
+        row.children_pending = live;
         row.awaits.clear();
         row.await_deadline = None;
         row.eligible_at = now;
+        if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {
+            p.children_pending += 1;
+        }
         Ok(())
     }
 }

@@ -21,7 +21,14 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
             if stop.is_cancelled() {
                 return;
             }
-            match admin::gc_batch(&shared.pool, retention, batch, shared.clock.now_param()).await {
+            let collected = async {
+                let mut conn = shared.conn().await?;
+                let n =
+                    admin::gc_batch(conn.get(), retention, batch, shared.clock.now_param()).await?;
+                conn.finish().await?;
+                Ok::<_, crate::error::Error>(n)
+            };
+            match collected.await {
                 Ok(n) => {
                     if n > 0 {
                         tracing::debug!(target: "gen_durable::collector", deleted = n, "collected finished instances");

@@ -30,19 +30,24 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
         if held.is_empty() {
             continue;
         }
-        match lease::heartbeat(
-            &shared.pool,
-            &held,
-            ttl,
-            &shared.cfg.node_id,
-            shared.clock.now_param(),
-        )
-        .await
-        {
+        let beat = async {
+            let mut conn = shared.conn().await?;
+            let rows = lease::heartbeat(
+                conn.get(),
+                &held,
+                ttl,
+                &shared.cfg.node_id,
+                shared.clock.now_param(),
+            )
+            .await?;
+            conn.finish().await?;
+            Ok::<_, crate::error::Error>(rows)
+        };
+        match beat.await {
             Ok(rows) => {
                 if rows.len() < held.len() {
                     tracing::debug!(target: "gen_durable::lease", held = held.len(), extended = rows.len(),
-                        "some leases were not extended: their rows finished or were reaped");
+                        "some leases were not extended: their rows finished, were reaped, or were locked by another transaction (extended at the next beat)");
                 }
                 for (id, _) in rows.iter().filter(|(_, cancel)| *cancel) {
                     shared.cancel_step(*id);

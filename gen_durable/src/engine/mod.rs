@@ -61,23 +61,99 @@ pub(crate) struct Shared {
     pub(crate) fsms: Vec<(String, i32)>,
     pub(crate) queue_names: Vec<String>,
     pub(crate) telemetry: Telemetry,
-    /// Every row this node holds a lease on (buffered or executing): id → epoch.
+    /// Every row this node holds a lease on (buffered or executing): id → the epoch of
+    /// its newest claim here. Only that claim removes it (see [`Shared::unhold`]).
     pub(crate) leases: Mutex<HashMap<i64, i64>>,
     pub(crate) committer: mpsc::Sender<committer::CommitRequest>,
     pub(crate) timeouts_wake: Notify,
     /// Coalesces the wake-ups of outcome commits.
     pub(crate) notifier: Arc<crate::notify::Notifier>,
-    /// The cancellation token of every step running on this node, by instance id.
-    pub(crate) running: Mutex<HashMap<i64, CancellationToken>>,
+    /// The cancellation token of every step running on this node, by instance id, with
+    /// the epoch of the claim it runs under.
+    pub(crate) running: Mutex<HashMap<i64, (i64, CancellationToken)>>,
+    /// The database's default isolation is not READ COMMITTED: run each engine statement
+    /// in a transaction that sets it (see [`Shared::conn`]).
+    pub(crate) set_isolation: bool,
 }
 
 impl Shared {
     /// Resolves `ctx.cancelled()` of the step running instance `id` here, if any.
     pub(crate) fn cancel_step(&self, id: i64) {
-        if let Some(token) = self.running.lock().expect("running table").get(&id) {
+        if let Some((_, token)) = self.running.lock().expect("running table").get(&id) {
             token.cancel();
         }
     }
+
+    /// Records the claim `(id, epoch)`: its lease is heartbeated from now on.
+    pub(crate) fn hold(&self, id: i64, epoch: i64) {
+        self.leases.lock().expect("lease table").insert(id, epoch);
+    }
+
+    /// Forgets the claim `(id, epoch)` — and only that claim: a stale run of a row that
+    /// was reaped and claimed here again must not unregister the newer claim's lease (it
+    /// would go unheartbeated and be reaped in turn) nor its cancellation token.
+    pub(crate) fn unhold(&self, id: i64, epoch: i64) {
+        let mut leases = self.leases.lock().expect("lease table");
+        if leases.get(&id) == Some(&epoch) {
+            leases.remove(&id);
+        }
+        drop(leases);
+        let mut running = self.running.lock().expect("running table");
+        if running.get(&id).is_some_and(|(e, _)| *e == epoch) {
+            running.remove(&id);
+        }
+    }
+
+    /// A connection for one engine statement, at READ COMMITTED whatever the database's
+    /// default: every engine statement relies on it (each statement of the commit
+    /// function sees what committed before it; a locking read follows a row's newest
+    /// version instead of failing with a serialization error).
+    pub(crate) async fn conn(&self) -> Result<StatementConn> {
+        Ok(if self.set_isolation {
+            StatementConn::Transaction(self.pool.begin_with(BEGIN_READ_COMMITTED).await?)
+        } else {
+            StatementConn::Plain(self.pool.acquire().await?)
+        })
+    }
+}
+
+/// Begins a READ COMMITTED transaction and takes its first snapshot, in one round trip.
+/// The snapshot makes a later `SET TRANSACTION ISOLATION LEVEL` fail at once, with
+/// PostgreSQL's "must be called before any query" (see `ctx.transaction()`).
+pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
+
+/// See [`Shared::conn`]; finish it with [`StatementConn::finish`].
+#[derive(Debug)]
+pub(crate) enum StatementConn {
+    Plain(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    Transaction(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl StatementConn {
+    pub(crate) fn get(&mut self) -> &mut sqlx::PgConnection {
+        match self {
+            StatementConn::Plain(c) => c,
+            StatementConn::Transaction(t) => t,
+        }
+    }
+
+    /// Commits the statement's transaction, if it has one.
+    pub(crate) async fn finish(self) -> Result<()> {
+        if let StatementConn::Transaction(t) = self {
+            t.commit().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether new connections of `pool` start their transactions at another level than
+/// READ COMMITTED (a database or role default).
+async fn isolation_differs(pool: &PgPool) -> Result<bool> {
+    let level: String =
+        sqlx::query_scalar("SELECT current_setting('default_transaction_isolation')")
+            .fetch_one(pool)
+            .await?;
+    Ok(level != "read committed")
 }
 
 /// Configures and starts an [`Engine`].
@@ -234,6 +310,7 @@ impl EngineBuilder {
                 "no FSM to run: none is linked (#[durable_fsm] / #[durable_job]) and none was registered with .fsm::<T>()".into(),
             ));
         }
+        let set_isolation = isolation_differs(&self.pool).await?;
         let (names, versions) = self.registry.name_version_arrays();
         let (commit_tx, commit_rx) = mpsc::channel(self.cfg.commit_batch * 4);
         let shared = Arc::new(Shared {
@@ -255,6 +332,7 @@ impl EngineBuilder {
             timeouts_wake: Notify::new(),
             notifier: crate::notify::Notifier::new(self.pool.clone(), self.notify_window),
             running: Mutex::new(HashMap::new()),
+            set_isolation,
         });
 
         let tracker = TaskTracker::new();

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::engine::committer::{CommitReply, CommitRequest};
+use crate::engine::committer::{self, CommitReply, CommitRequest};
 use crate::engine::{QueueConfig, Shared};
 use crate::error::{Error, Result};
 use crate::registry::FsmEntry;
@@ -175,11 +175,9 @@ impl QueueRunner {
         if let Some(first) = rows.first() {
             self.contended(&first.contended.0);
         }
-        let mut leases = self.shared.leases.lock().expect("lease table");
         for r in &rows {
-            leases.insert(r.id, r.lease_epoch);
+            self.shared.hold(r.id, r.lease_epoch);
         }
-        drop(leases);
         Ok(rows)
     }
 
@@ -197,7 +195,13 @@ impl QueueRunner {
                 lease_ttl_ms: crate::store::pg::millis(self.shared.cfg.lease_ttl),
                 now: self.shared.clock.now_param(),
             };
-            match claim::claim(&self.shared.pool, &params).await {
+            let claimed = async {
+                let mut conn = self.shared.conn().await?;
+                let rows = claim::claim(conn.get(), &params).await?;
+                conn.finish().await?;
+                Ok(rows)
+            };
+            match claimed.await {
                 Err(Error::Database(sqlx::Error::Database(db)))
                     if db.code().as_deref() == Some(UNIQUE_VIOLATION) && contended < 5 =>
                 {
@@ -258,7 +262,7 @@ impl QueueRunner {
                 .running
                 .lock()
                 .expect("running table")
-                .insert(id, cancel.clone());
+                .insert(id, (epoch, cancel.clone()));
             let handle = tasks.spawn(run_step(
                 self.shared.clone(),
                 row,
@@ -328,20 +332,22 @@ impl QueueRunner {
         if leases.is_empty() {
             return 0;
         }
-        {
-            let mut table = self.shared.leases.lock().expect("lease table");
-            for (id, _) in leases {
-                table.remove(id);
-            }
+        for &(id, epoch) in leases {
+            self.shared.unhold(id, epoch);
         }
-        match lease::release(
-            &self.shared.pool,
-            leases,
-            &self.shared.cfg.node_id,
-            self.shared.clock.now_param(),
-        )
-        .await
-        {
+        let released = async {
+            let mut conn = self.shared.conn().await?;
+            let ids = lease::release(
+                conn.get(),
+                leases,
+                &self.shared.cfg.node_id,
+                self.shared.clock.now_param(),
+            )
+            .await?;
+            conn.finish().await?;
+            Ok::<_, Error>(ids)
+        };
+        match released.await {
             Ok(ids) => ids.len(),
             Err(e) => {
                 tracing::warn!(target: "gen_durable::scheduler", error = %e, "release failed; rows return when their leases expire");
@@ -384,8 +390,7 @@ async fn run_step(
             None
         }
     };
-    shared.leases.lock().expect("lease table").remove(&id);
-    shared.running.lock().expect("running table").remove(&id);
+    shared.unhold(id, epoch);
     replay_after
 }
 
@@ -482,7 +487,9 @@ async fn run_chain(
 }
 
 /// Commits through the group committer, or in the step's own transaction when it used
-/// `ctx.transaction()` (its writes and the outcome commit together or not at all).
+/// `ctx.transaction()` (its writes and the outcome commit together or not at all). An
+/// outcome the database refuses in the step's transaction takes the step's writes with
+/// it, and the instance stops through the committer, naming the refusal.
 async fn commit(
     shared: &Shared,
     queue: &Arc<str>,
@@ -491,42 +498,17 @@ async fn commit(
     mut output: StepOutput,
     run_ahead: bool,
 ) -> Result<CommitReply> {
-    if let Some(mut tx) = output.tx.take() {
-        let batch = [Commit {
-            id,
-            epoch,
-            output: &output,
-            run_ahead,
-        }];
-        // One try: an error aborts the step's own transaction, and with it the writes
-        // the outcome was to commit with. The row runs again after its lease expires.
-        fail::fail_point!("gd::before_commit", |_| Err(super::committer::injected(
-            "before commit"
-        )));
-        let notify = shared.notifier.claim([&**queue]);
-        let started = std::time::Instant::now();
-        let done = outcome::commit(
-            &mut tx,
-            &shared.cfg.node_id,
-            &batch,
-            &notify,
-            shared.clock.now_param(),
-        )
-        .await?;
-        if !done.fenced.contains(&id) {
-            tx.rollback().await.ok();
-            return Ok(CommitReply::default());
+    let mut keep_state = false;
+    if let Some(tx) = output.tx.take() {
+        match commit_own(shared, queue, id, epoch, &output, run_ahead, tx).await {
+            Err(e) if committer::isolable(&e) => {
+                tracing::warn!(target: "gen_durable::commit", id, error = %e,
+                    "the database refused a step's outcome; the instance stops");
+                output = StepOutput::stopped(committer::refused(&e));
+                keep_state = true;
+            }
+            other => return other,
         }
-        tx.commit().await?;
-        shared.telemetry.emit(Event::CommitStop {
-            duration: started.elapsed(),
-            count: 1,
-            committed: 1,
-        });
-        fail::fail_point!("gd::after_commit", |_| Err(super::committer::injected(
-            "after commit"
-        )));
-        return Ok(CommitReply::of(&done, id));
     }
     let (reply, rx) = oneshot::channel();
     let req = CommitRequest {
@@ -535,6 +517,8 @@ async fn commit(
         output,
         run_ahead,
         queue: queue.clone(),
+        keep_state,
+        deferrals: 0,
         reply,
     };
     if shared.committer.send(req).await.is_err() {
@@ -549,6 +533,69 @@ async fn commit(
             reason: "the committer dropped the request".into(),
         })
     })
+}
+
+/// Commits one outcome in the step's own transaction. An error aborts the transaction,
+/// and with it the writes the outcome was to commit with; the row runs again after its
+/// lease expires. A row someone else holds (deferred) is tried again in the same
+/// transaction, backing off as the committer does.
+async fn commit_own(
+    shared: &Shared,
+    queue: &Arc<str>,
+    id: i64,
+    epoch: i64,
+    output: &StepOutput,
+    run_ahead: bool,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+) -> Result<CommitReply> {
+    fail::fail_point!("gd::before_commit", |_| Err(committer::injected(
+        "before commit"
+    )));
+    let batch = [Commit {
+        id,
+        epoch,
+        output,
+        run_ahead,
+        keep_state: false,
+    }];
+    let notify = shared.notifier.claim([&**queue]);
+    let started = std::time::Instant::now();
+    let mut deferrals = 0;
+    let done = loop {
+        let done = outcome::commit(
+            &mut tx,
+            &shared.cfg.node_id,
+            &batch,
+            &notify,
+            shared.clock.now_param(),
+        )
+        .await?;
+        if !done.deferred.contains(&id) {
+            break done;
+        }
+        if deferrals == committer::MAX_DEFERRALS {
+            return Err(Error::CommitFailed {
+                id,
+                reason: "its row stayed locked by another transaction".into(),
+            });
+        }
+        deferrals += 1;
+        tokio::time::sleep(committer::defer_delay(deferrals)).await;
+    };
+    if !done.fenced.contains(&id) {
+        tx.rollback().await.ok();
+        return Ok(CommitReply::default());
+    }
+    tx.commit().await?;
+    shared.telemetry.emit(Event::CommitStop {
+        duration: started.elapsed(),
+        count: 1,
+        committed: 1,
+    });
+    fail::fail_point!("gd::after_commit", |_| Err(committer::injected(
+        "after commit"
+    )));
+    Ok(CommitReply::of(&done, id))
 }
 
 /// The key in Postgres' unique-violation detail, `Key (partition_key)=(acct:1) already exists.`

@@ -15,7 +15,13 @@ const BATCH: i64 = 1000;
 pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let mut wait = shared.cfg.timeout_interval;
-        match lease::expire_awaits(&shared.pool, BATCH, shared.clock.now_param()).await {
+        let sweep = async {
+            let mut conn = shared.conn().await?;
+            let n = lease::expire_awaits(conn.get(), BATCH, shared.clock.now_param()).await?;
+            conn.finish().await?;
+            Ok::<_, crate::error::Error>(n)
+        };
+        match sweep.await {
             Ok(n) if n == BATCH => wait = Duration::ZERO,
             Ok(_) => {
                 if let Ok(Some(ms)) =

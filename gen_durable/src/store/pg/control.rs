@@ -1,4 +1,7 @@
-//! Operator actions on one instance: cancel and retry.
+//! Operator actions on one instance: cancel and retry. Both wait for their row locks
+//! (one caller, one instance tree) and take them in ascending id order, a parent before
+//! its children, so that they cannot deadlock with each other; the engine's statements
+//! never wait, so they cannot deadlock with those.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -6,7 +9,8 @@ use sqlx::PgConnection;
 use crate::error::Result;
 use crate::Status;
 
-/// Statement 1 of a cancel: the instance and its live descendants, locked in id order.
+/// Statement 1 of a cancel: the instance, its live descendants and its parent (whose
+/// counter the cancel decrements), locked in id order. `in_tree` is false for the parent.
 const CANCEL_TREE: &str = r#"
 WITH RECURSIVE tree AS (
     SELECT id FROM gd_instances WHERE id = $1
@@ -14,35 +18,48 @@ WITH RECURSIVE tree AS (
     SELECT c.id FROM gd_instances c JOIN tree t ON c.parent_id = t.id
      WHERE c.status NOT IN ('done', 'failed')
 )
-SELECT i.id, i.status FROM gd_instances i JOIN tree USING (id) ORDER BY i.id
+SELECT i.id, i.status, i.id IN (SELECT id FROM tree) AS in_tree
+  FROM gd_instances i
+ WHERE i.id IN (SELECT id FROM tree)
+    OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
+ ORDER BY i.id
    FOR NO KEY UPDATE OF i
 "#;
 
-/// Statement 2: fail every live row of the tree that is not running (its inbox goes, and
-/// a parent outside the tree is decremented), and flag the running ones: their workers
-/// fail them after the current step (told at once by NOTIFY, or by the next heartbeat).
-const CANCEL_APPLY: &str = concat!(
-    r#"
+/// Statement 2: fail every live row of the tree that is not running (its inbox goes),
+/// and flag the running ones: their workers fail them after the current step (told at
+/// once by NOTIFY, or by the next heartbeat). A failed row's `children_pending` drops by
+/// the children this statement fails with it, so it keeps counting exactly its live
+/// children (the flagged ones); the parents outside that set are returned, one element
+/// per child failed, for the fan-in.
+const CANCEL_APPLY: &str = r#"
 WITH failed AS (
     UPDATE gd_instances i
        SET status = 'failed', last_error = 'cancelled', cancel_requested = true,
-           await_deadline = NULL, updated_at = coalesce($2, now())
+           await_deadline = NULL, updated_at = coalesce($2, now()),
+           children_pending = i.children_pending - (
+               SELECT count(*)::int FROM gd_instances c
+                WHERE c.parent_id = i.id AND c.id = ANY ($1)
+                  AND c.status IN ('runnable', 'awaiting_signal', 'awaiting_children'))
      WHERE i.id = ANY ($1) AND i.status IN ('runnable', 'awaiting_signal', 'awaiting_children')
-    RETURNING i.id, i.status, i.parent_id, i.queue
+    RETURNING i.id, i.parent_id
 ), flagged AS (
     UPDATE gd_instances i SET cancel_requested = true
      WHERE i.id = ANY ($1) AND i.status = 'executing'
     RETURNING i.id
 ), inbox AS (
     DELETE FROM gd_signals s USING failed f WHERE s.target_id = f.id
-), "#,
-    fan_in!("failed", "$2", "AND p.id <> ALL ($1)"),
-    r#"
+)
 SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(pg_notify('gd_cancel', id::text)) FROM flagged) AS flagged,
-       (SELECT count(pg_notify('gd_wake', queue)) FROM fanin WHERE status = 'runnable') AS woke
-"#
-);
+       (SELECT coalesce(array_agg(parent_id), '{}') FROM failed
+         WHERE parent_id IS NOT NULL AND parent_id NOT IN (SELECT id FROM failed)) AS parents
+"#;
+
+/// Statement 3: the fan-in of the parents that statement 2 did not update itself (their
+/// locks are held since statement 1).
+const FAN_IN: &str =
+    "SELECT count(pg_notify('gd_wake', q)) FROM gd_fan_in($1, coalesce($2, now())) AS q";
 
 /// What a cancel found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,56 +75,119 @@ pub(crate) async fn cancel(
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<CancelResult> {
-    let tree: Vec<(i64, Status)> = sqlx::query_as(CANCEL_TREE)
+    let locked: Vec<(i64, Status, bool)> = sqlx::query_as(CANCEL_TREE)
         .bind(id)
         .fetch_all(&mut *conn)
         .await?;
-    match tree.iter().find(|(i, _)| *i == id) {
+    match locked.iter().find(|(i, _, _)| *i == id) {
         None => return Ok(CancelResult::NotFound),
-        Some((_, st)) if st.is_terminal() => return Ok(CancelResult::Finished(*st)),
+        Some((_, st, _)) if st.is_terminal() => return Ok(CancelResult::Finished(*st)),
         Some(_) => {}
     }
-    let ids: Vec<i64> = tree
+    let ids: Vec<i64> = locked
         .iter()
-        .filter(|(_, st)| !st.is_terminal())
-        .map(|(i, _)| *i)
+        .filter(|(_, st, in_tree)| *in_tree && !st.is_terminal())
+        .map(|(i, _, _)| *i)
         .collect();
-    let (failed, flagged, _): (i64, i64, i64) = sqlx::query_as(CANCEL_APPLY)
+    let (failed, flagged, parents): (i64, i64, Vec<i64>) = sqlx::query_as(CANCEL_APPLY)
         .bind(ids)
         .bind(now)
         .fetch_one(&mut *conn)
         .await?;
+    if !parents.is_empty() {
+        sqlx::query(FAN_IN)
+            .bind(parents)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(CancelResult::Done { failed, flagged })
 }
 
-/// Makes a failed instance runnable again at its step, with a fresh attempt count.
-const RETRY: &str = r#"
-WITH target AS (
-    SELECT id, status FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE
-), retried AS (
-    UPDATE gd_instances i
-       SET status = 'runnable', attempt = 0, reaps = 0, cancel_requested = false,
-           children_pending = 0, awaits = '{}', await_deadline = NULL,
-           locked_by = NULL, lease_expires_at = NULL,
-           eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
-      FROM target t
-     WHERE i.id = t.id AND t.status = 'failed'
-    RETURNING i.queue
-)
-SELECT (SELECT status FROM target) AS status,
-       (SELECT count(pg_notify('gd_wake', queue)) FROM retried) AS retried
+/// Statement 1 of a retry: the instance and its parent, locked in id order.
+const RETRY_LOCK: &str = r#"
+SELECT i.id, i.status, i.parent_id FROM gd_instances i
+ WHERE i.id = $1 OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
+ ORDER BY i.id
+   FOR NO KEY UPDATE OF i
 "#;
 
-/// Returns the status found (None: no such row) and whether it was retried.
+/// Statement 2: the failed instance runs again at its step with a fresh attempt count —
+/// or, if it still has live children (a cancelled parent whose running child has not
+/// stopped yet), waits for them again: `children_pending` is recounted from the rows.
+/// A child re-arms its parent (`$3`), which waits for it again.
+const RETRY: &str = r#"
+WITH retried AS (
+    UPDATE gd_instances i
+       SET status = (CASE WHEN l.live > 0 THEN 'awaiting_children'
+                          ELSE 'runnable' END)::gd_status,
+           children_pending = l.live,
+           attempt = 0, reaps = 0, cancel_requested = false, awaits = '{}',
+           await_deadline = NULL, locked_by = NULL, lease_expires_at = NULL,
+           eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
+      FROM (SELECT count(*)::int AS live FROM gd_instances c
+             WHERE c.parent_id = $1 AND c.status NOT IN ('done', 'failed')) l
+     WHERE i.id = $1
+    RETURNING i.queue, i.status, i.parent_id
+), rearmed AS (
+    UPDATE gd_instances p
+       SET children_pending = p.children_pending + 1, updated_at = coalesce($2, now())
+      FROM retried r
+     WHERE p.id = r.parent_id AND $3
+    RETURNING p.id
+)
+SELECT (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable'),
+       (SELECT count(*) FROM rearmed)
+"#;
+
+/// What a retry found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RetryResult {
+    NotFound,
+    /// Only a failed instance can be retried.
+    NotFailed(Status),
+    /// A child whose parent no longer waits for its children.
+    ParentMovedOn {
+        parent: i64,
+        status: Status,
+    },
+    Retried,
+}
+
+/// Retries instance `id`; `conn` must be in a transaction.
 pub(crate) async fn retry(
     conn: &mut PgConnection,
     id: i64,
     now: Option<DateTime<Utc>>,
-) -> Result<(Option<Status>, bool)> {
-    let (status, retried): (Option<Status>, i64) = sqlx::query_as(RETRY)
+) -> Result<RetryResult> {
+    let locked: Vec<(i64, Status, Option<i64>)> = sqlx::query_as(RETRY_LOCK)
+        .bind(id)
+        .fetch_all(&mut *conn)
+        .await?;
+    let Some(&(_, status, parent_id)) = locked.iter().find(|(i, _, _)| *i == id) else {
+        return Ok(RetryResult::NotFound);
+    };
+    if status != Status::Failed {
+        return Ok(RetryResult::NotFailed(status));
+    }
+    // A parent that no longer waits has read this child's outcome and gone on: a retried
+    // child would end with nobody counting it. A parent already collected waits for nothing.
+    let parent = parent_id.and_then(|p| locked.iter().find(|(i, _, _)| *i == p));
+    let rearm = match parent {
+        Some((_, Status::AwaitingChildren, _)) => true,
+        Some(&(p, st, _)) => {
+            return Ok(RetryResult::ParentMovedOn {
+                parent: p,
+                status: st,
+            })
+        }
+        None => false,
+    };
+    sqlx::query(RETRY)
         .bind(id)
         .bind(now)
-        .fetch_one(&mut *conn)
+        .bind(rearm)
+        .execute(&mut *conn)
         .await?;
-    Ok((status, retried > 0))
+    Ok(RetryResult::Retried)
 }

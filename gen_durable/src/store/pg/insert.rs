@@ -14,6 +14,9 @@ use crate::store::pg::millis;
 /// dropped by `ON CONFLICT … DO NOTHING` on the partial unique index over
 /// `unique_guard`. One `pg_notify` per distinct queue of the rows that are runnable now,
 /// among the queues in `$15` (the caller's [`crate::notify::Notifier`] coalesces them).
+/// Times count from the statement's start, not its transaction's: children inserted by a
+/// step's own transaction, or rows by a caller's long one, are delayed from when they
+/// are inserted.
 const INSERT: &str = r#"
 WITH input AS (
     SELECT *
@@ -30,8 +33,8 @@ WITH input AS (
     SELECT fsm, fsm_version, step, state, queue, priority, partition_key, unique_key,
            string_to_array(unique_scope, ',')::gd_status[],
            coalesce(eligible_at,
-                    coalesce($13, now()) + coalesce(delay_ms, 0) * interval '1 millisecond'),
-           max_reaps, parent_id, coalesce($13, now()), coalesce($13, now())
+                    coalesce($13, statement_timestamp()) + coalesce(delay_ms, 0) * interval '1 millisecond'),
+           max_reaps, parent_id, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp())
     FROM input
     ORDER BY unique_key NULLS LAST, ord
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
@@ -41,7 +44,7 @@ SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(parent_id ORDER BY id), '{}') AS parents,
        (SELECT count(pg_notify('gd_wake', q))
           FROM (SELECT DISTINCT queue AS q FROM ins
-                 WHERE eligible_at <= coalesce($13, now()) AND queue = ANY ($15::text[])) d) AS notified
+                 WHERE eligible_at <= coalesce($13, statement_timestamp()) AND queue = ANY ($15::text[])) d) AS notified
 FROM ins
 "#;
 
@@ -129,14 +132,14 @@ WITH ins AS (
                               unique_key, unique_scope, eligible_at, max_reaps,
                               inserted_at, updated_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, string_to_array($9, ',')::gd_status[],
-            coalesce($10, coalesce($13, now()) + coalesce($11, 0) * interval '1 millisecond'),
-            $12, coalesce($13, now()), coalesce($13, now()))
+            coalesce($10, coalesce($13, statement_timestamp()) + coalesce($11, 0) * interval '1 millisecond'),
+            $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()))
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
     RETURNING id, queue, eligible_at
 )
 SELECT id,
        (SELECT count(pg_notify('gd_wake', queue)) FROM ins
-         WHERE $14 AND eligible_at <= coalesce($13, now())) AS notified
+         WHERE $14 AND eligible_at <= coalesce($13, statement_timestamp())) AS notified
   FROM ins
 "#;
 

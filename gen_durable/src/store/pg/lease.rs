@@ -11,17 +11,24 @@ use crate::error::Result;
 /// elsewhere is not extended by mistake. Returns each extended row with its cancel
 /// flag, so a cancellation whose NOTIFY was lost still reaches the step.
 ///
-/// Shaped like the group commit (`gd_commit_outcomes`): rows by primary key in id order,
-/// each row's epoch found by binary search in the sorted ids, and the fence on
-/// `(locked_by, lease_epoch)` alone (`locked_by` is set only while a row is claimed). So
-/// no plan rescans the arrays per row or reads every executing row through the lease
-/// index, and rows are locked in the same (ascending) order as a commit locks them.
+/// A row someone else has locked right now (a caller's transaction that signalled it and
+/// stays open) is skipped, not waited for: waiting would hold up every lease after it,
+/// and the reaper skips a locked row too, so a skipped row is extended at the next beat.
+/// Shaped like the group commit: rows by primary key in id order, each row's epoch found
+/// by binary search in the sorted ids (no join whose plan could rescan the arrays per
+/// row), and the update reads the locked ids as one array (an index scan by `= ANY`).
 const HEARTBEAT: &str = r#"
+WITH mine AS MATERIALIZED (
+    SELECT i.id FROM gd_instances i
+     WHERE i.id = ANY ($1::int8[])
+       AND i.locked_by = $5
+       AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
+     ORDER BY i.id
+       FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE gd_instances i
    SET lease_expires_at = coalesce($4, now()) + $3 * interval '1 millisecond'
- WHERE i.id = ANY ($1::int8[])
-   AND i.locked_by = $5
-   AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
+ WHERE i.id = ANY ((SELECT array_agg(id) FROM mine)::int8[])
 RETURNING i.id, i.cancel_requested
 "#;
 
@@ -47,48 +54,21 @@ pub(crate) async fn heartbeat<'e>(
 
 /// Returns expired executing rows to `runnable` with `attempt + 1` (the lost worker's
 /// step will run again; `handle` is not called), or fails them once `reaps` reaches
-/// `max_reaps`. Bounded and `SKIP LOCKED`, so any number of nodes may reap at once. A
-/// row failed here is terminal like any other: its inbox goes, and its parent is
-/// decremented (and woken at zero) in the same statement.
-const REAP: &str = concat!(
-    r#"
-WITH expired AS MATERIALIZED (
-    SELECT id FROM gd_instances
-     WHERE status = 'executing' AND lease_expires_at < coalesce($2, now())
-     ORDER BY lease_expires_at
-     LIMIT $1
-       FOR NO KEY UPDATE SKIP LOCKED
-), reaped AS (
-    UPDATE gd_instances i
-       SET status = (CASE WHEN i.cancel_requested OR i.reaps + 1 >= i.max_reaps
-                          THEN 'failed' ELSE 'runnable' END)::gd_status,
-           last_error = CASE
-               WHEN i.cancel_requested THEN 'cancelled'
-               WHEN i.reaps + 1 >= i.max_reaps
-               THEN format('lease lost %s times (max_reaps = %s): the step at %L never committed an outcome',
-                           i.reaps + 1, i.max_reaps, i.step)
-               ELSE format('lease lost on %s (epoch %s); retrying', i.locked_by, i.lease_epoch) END,
-           attempt = i.attempt + 1,
-           reaps = i.reaps + 1,
-           locked_by = NULL,
-           lease_expires_at = NULL,
-           eligible_at = coalesce($2, now()),
-           updated_at = coalesce($2, now())
-      FROM expired e
-     WHERE i.id = e.id
-    RETURNING i.id, i.status, i.parent_id, i.queue
-), inbox AS (
-    DELETE FROM gd_signals s USING reaped r WHERE s.target_id = r.id AND r.status = 'failed'
-), "#,
-    fan_in!("reaped", "$2", ""),
-    r#", wake AS (
-    SELECT count(pg_notify('gd_wake', q)) AS n
-      FROM (SELECT queue AS q FROM reaped WHERE status = 'runnable'
-            UNION SELECT queue FROM fanin WHERE status = 'runnable') w
-)
-SELECT r.id, r.status = 'failed' AS failed FROM reaped r, wake ORDER BY r.id
-"#
-);
+/// `max_reaps`: the function `gd_reap` of migration 0005. Bounded and `SKIP LOCKED`, so
+/// any number of nodes may reap at once and none waits behind a caller. A row failed here
+/// is terminal like any other: its inbox goes and its parent is decremented.
+const REAP: &str = "SELECT id, failed FROM gd_reap($1, $2) ORDER BY id";
+
+/// The same for the given rows only, when a batch failed (see the reaper).
+const REAP_ONLY: &str = "SELECT id, failed FROM gd_reap($1, $2, $3) ORDER BY id";
+
+/// The expired rows a reap would take, oldest lease first, for reaping one by one.
+const EXPIRED: &str = r#"
+SELECT id FROM gd_instances
+ WHERE status = 'executing' AND lease_expires_at < coalesce($2, now())
+ ORDER BY lease_expires_at
+ LIMIT $1
+"#;
 
 /// Reaps up to `limit` expired rows; returns `(id, failed)` for each.
 pub(crate) async fn reap<'e>(
@@ -103,31 +83,38 @@ pub(crate) async fn reap<'e>(
         .await?)
 }
 
+/// Reaps row `id` alone, if its lease has expired.
+pub(crate) async fn reap_one<'e>(
+    db: impl PgExecutor<'e>,
+    id: i64,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<(i64, bool)>> {
+    Ok(sqlx::query_as(REAP_ONLY)
+        .bind(1_i64)
+        .bind(now)
+        .bind(vec![id])
+        .fetch_all(db)
+        .await?)
+}
+
+/// The ids of up to `limit` expired rows, oldest lease first.
+pub(crate) async fn expired<'e>(
+    db: impl PgExecutor<'e>,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<i64>> {
+    Ok(sqlx::query_scalar(EXPIRED)
+        .bind(limit)
+        .bind(now)
+        .fetch_all(db)
+        .await?)
+}
+
 /// Gives rows back to `runnable` without counting an attempt: a draining worker's
-/// buffer, or steps cancelled at the drain deadline. Fenced like an outcome. A row whose
-/// instance was cancelled meanwhile fails instead, as its commit would have.
-const RELEASE: &str = concat!(
-    r#"
-WITH released AS (
-    UPDATE gd_instances i
-       SET status = (CASE WHEN i.cancel_requested THEN 'failed' ELSE 'runnable' END)::gd_status,
-           last_error = CASE WHEN i.cancel_requested THEN 'cancelled' ELSE i.last_error END,
-           locked_by = NULL, lease_expires_at = NULL, updated_at = coalesce($4, now())
-      FROM unnest($1::int8[], $2::int8[]) AS l(id, epoch)
-     WHERE i.id = l.id AND i.lease_epoch = l.epoch AND i.locked_by = $3 AND i.status = 'executing'
-    RETURNING i.id, i.status, i.parent_id, i.queue
-), inbox AS (
-    DELETE FROM gd_signals s USING released r WHERE s.target_id = r.id AND r.status = 'failed'
-), "#,
-    fan_in!("released", "$4", ""),
-    r#"
-SELECT r.id,
-       (SELECT count(pg_notify('gd_wake', q))
-          FROM (SELECT queue AS q FROM released WHERE status = 'runnable'
-                UNION SELECT queue FROM fanin WHERE status = 'runnable') d) AS n
-  FROM released r
-"#
-);
+/// buffer, or steps cancelled at the drain deadline. Fenced like an outcome; a row whose
+/// instance was cancelled meanwhile fails instead, as its commit would have. The function
+/// `gd_release` of migration 0005: a row it cannot lock at once is left to its lease.
+const RELEASE: &str = "SELECT id FROM gd_release($1, $2, $3, $4) AS r(id)";
 
 pub(crate) async fn release<'e>(
     db: impl PgExecutor<'e>,
@@ -139,14 +126,13 @@ pub(crate) async fn release<'e>(
         return Ok(Vec::new());
     }
     let (ids, epochs): (Vec<i64>, Vec<i64>) = leases.iter().copied().unzip();
-    let rows: Vec<(i64, i64)> = sqlx::query_as(RELEASE)
+    Ok(sqlx::query_scalar(RELEASE)
         .bind(ids)
         .bind(epochs)
         .bind(node)
         .bind(now)
         .fetch_all(db)
-        .await?;
-    Ok(rows.into_iter().map(|(id, _)| id).collect())
+        .await?)
 }
 
 /// Await timeouts: a parked row past its deadline becomes runnable at its next step with

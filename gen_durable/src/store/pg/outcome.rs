@@ -12,33 +12,41 @@ use crate::store::pg::insert::insert_with_parents;
 use crate::store::pg::millis;
 
 /// Only for a batch that spawns children, in its own transaction, before the children
-/// are inserted: lock the rows this worker still owns, in id order (so two committers
-/// never wait on each other in a cycle), and say which were cancelled. A row whose
-/// `(locked_by, lease_epoch)` moved on — reaped, released, or claimed by another worker —
-/// is not returned, and none of its children are inserted: that is the fence. The apply
-/// that follows in the same transaction fences again and finds the same rows.
+/// are inserted: lock the rows this worker still owns, without waiting, and say which
+/// were cancelled. A row whose `(locked_by, lease_epoch)` moved on — reaped, released, or
+/// claimed by another worker — is not returned, and none of its children are inserted:
+/// that is the fence. A row someone else holds right now is not returned either; it is
+/// left out of this commit and deferred. The apply that follows in the same transaction
+/// fences again and finds the same rows.
 ///
 /// Shaped like the function's update: the fence is `(locked_by, lease_epoch)` alone
 /// (`locked_by` is set only while a row is claimed), the rows are read by primary key and
 /// each epoch is found by binary search in the sorted ids — no join whose plan could
 /// rescan the arrays per row, no scan of every executing row through the lease index.
 const FENCE: &str = r#"
-SELECT i.id, i.cancel_requested
-  FROM gd_instances i
+WITH locked AS MATERIALIZED (
+    SELECT i.id, i.cancel_requested
+      FROM gd_instances i
+     WHERE i.id = ANY ($1::int8[])
+       AND i.locked_by = $3
+       AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
+     ORDER BY i.id
+       FOR NO KEY UPDATE OF i SKIP LOCKED
+)
+SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS cancelled
+  FROM gd_instances i LEFT JOIN locked l ON l.id = i.id
  WHERE i.id = ANY ($1::int8[])
    AND i.locked_by = $3
    AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
- ORDER BY i.id
-   FOR NO KEY UPDATE OF i
 "#;
 
-/// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0004)
-/// fences each row in its update, applies the outcome table of §3.1, then — with a
-/// fresh snapshot, under the row locks it now holds — deletes the whole inbox of the
-/// finished rows and wakes a parked `await` whose signal is already in. Why it is a
-/// function: see the migration.
+/// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0005)
+/// locks the rows (and the parents of the rows it ends) without waiting, fences each row
+/// in its update, applies the outcome table of §3.1, then — with a fresh snapshot, under
+/// the row locks it now holds — deletes the whole inbox of the finished rows and wakes a
+/// parked `await` whose signal is already in. Why it is a function: see the migration.
 const APPLY: &str = r#"
-SELECT committed, continued, at
+SELECT committed, continued, at, deferred
   FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 "#;
 
@@ -59,6 +67,9 @@ pub(crate) struct Commit<'a> {
     pub(crate) output: &'a StepOutput,
     /// Commit a `next` as run-ahead (the worker decided it will go on).
     pub(crate) run_ahead: bool,
+    /// Keep the stored state instead of the output's (an outcome the database refused,
+    /// committed as `stop` in its place).
+    pub(crate) keep_state: bool,
 }
 
 /// What a commit did.
@@ -68,6 +79,9 @@ pub(crate) struct Committed {
     pub(crate) fenced: HashSet<i64>,
     /// Of those, ids committed with run-ahead: still claimed by this worker.
     pub(crate) continued: HashSet<i64>,
+    /// Ids still this worker's whose row (or parent) someone else held: nothing of their
+    /// outcome was written; commit them again.
+    pub(crate) deferred: HashSet<i64>,
     /// The clock's time at commit.
     pub(crate) now: Option<DateTime<Utc>>,
 }
@@ -81,6 +95,17 @@ pub(crate) fn needs_transaction(batch: &[Commit<'_>]) -> bool {
         .any(|c| matches!(c.output.outcome, Outcome::ScheduleChilds { .. }))
 }
 
+/// The batch sorted by id, one outcome per row: both statements find each row's outcome
+/// by binary search. Two outcomes of one row (a stale run's and the newer claim's) never
+/// share a call: the newer epoch's is kept, the older is reported as not committed — it
+/// would fail the fence anyway, and sharing the call would pool their consumed signals.
+fn one_per_row<'x, 'a>(batch: &'x [Commit<'a>]) -> Vec<&'x Commit<'a>> {
+    let mut sorted: Vec<&Commit<'_>> = batch.iter().collect();
+    sorted.sort_unstable_by_key(|c| (c.id, std::cmp::Reverse(c.epoch)));
+    sorted.dedup_by_key(|c| c.id);
+    sorted
+}
+
 /// Commits `batch`: one statement, plus a fence and one insert when children are
 /// spawned — then `conn` must be in a transaction (see [`needs_transaction`]).
 pub(crate) async fn commit(
@@ -90,25 +115,25 @@ pub(crate) async fn commit(
     notify: &[String],
     now: Option<DateTime<Utc>>,
 ) -> Result<Committed> {
-    // Both statements find each row's outcome by binary search: ids ascending, each once.
-    let mut sorted: Vec<&Commit<'_>> = batch.iter().collect();
-    sorted.sort_unstable_by_key(|c| c.id);
-    debug_assert!(
-        sorted.windows(2).all(|w| w[0].id < w[1].id),
-        "one outcome per row"
-    );
+    let mut sorted = one_per_row(batch);
     let mut spawned: HashMap<i64, i32> = HashMap::new();
+    let mut deferred: HashSet<i64> = HashSet::new();
     if needs_transaction(batch) {
         let ids: Vec<i64> = sorted.iter().map(|c| c.id).collect();
         let epochs: Vec<i64> = sorted.iter().map(|c| c.epoch).collect();
-        let rows: Vec<(i64, bool)> = sqlx::query_as(FENCE)
+        let rows: Vec<(i64, bool, bool)> = sqlx::query_as(FENCE)
             .bind(&ids)
             .bind(&epochs)
             .bind(node)
             .fetch_all(&mut *conn)
             .await?;
-        let fenced: HashSet<i64> = rows.iter().map(|(id, _)| *id).collect();
-        let cancelled: HashSet<i64> = rows.iter().filter(|(_, c)| *c).map(|(id, _)| *id).collect();
+        let fenced: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+        let cancelled: HashSet<i64> = rows.iter().filter(|r| r.1 && r.2).map(|r| r.0).collect();
+        // Rows still ours that someone else holds are deferred; rows no longer ours are
+        // simply not committed. Neither reaches the apply, which must not commit a
+        // `schedule_childs` without its children.
+        deferred.extend(rows.iter().filter(|r| !r.1).map(|r| r.0));
+        sorted.retain(|c| fenced.contains(&c.id));
         // Children first, so each parent's counter is what was actually inserted.
         let mut children: Vec<NewInstance> = Vec::new();
         let mut parents: Vec<Option<i64>> = Vec::new();
@@ -130,12 +155,19 @@ pub(crate) async fn commit(
         }
     }
 
+    if sorted.is_empty() {
+        return Ok(Committed {
+            deferred,
+            now,
+            ..Committed::default()
+        });
+    }
     let n = sorted.len();
     let mut a_id = Vec::with_capacity(n);
     let mut a_epoch = Vec::with_capacity(n);
     let mut a_kind = Vec::with_capacity(n);
     let mut a_step: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut a_state = Vec::with_capacity(n);
+    let mut a_state: Vec<Option<&Value>> = Vec::with_capacity(n);
     let mut a_result: Vec<Option<&Value>> = Vec::with_capacity(n);
     let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
     let mut a_delay: Vec<Option<i64>> = Vec::with_capacity(n);
@@ -150,7 +182,7 @@ pub(crate) async fn commit(
         a_id.push(c.id);
         a_epoch.push(c.epoch);
         a_kind.push(outcome.kind());
-        a_state.push(&out.state);
+        a_state.push((!c.keep_state).then_some(&out.state));
         a_error.push(match outcome {
             Outcome::Stop { reason } => Some(reason.as_str()),
             _ => out.error.as_deref(),
@@ -187,28 +219,56 @@ pub(crate) async fn commit(
             _ => {}
         }
     }
-    let (committed, continued, at): (Vec<i64>, Vec<i64>, DateTime<Utc>) = sqlx::query_as(APPLY)
-        .bind(node)
-        .bind(a_id)
-        .bind(a_epoch)
-        .bind(a_kind)
-        .bind(a_step)
-        .bind(a_state)
-        .bind(a_result)
-        .bind(a_error)
-        .bind(a_delay)
-        .bind(a_awaits)
-        .bind(a_children)
-        .bind(a_run_ahead)
-        .bind(consumed)
-        .bind(seen)
-        .bind(notify)
-        .bind(now)
-        .fetch_one(&mut *conn)
-        .await?;
+    let (committed, continued, at, later): (Vec<i64>, Vec<i64>, DateTime<Utc>, Vec<i64>) =
+        sqlx::query_as(APPLY)
+            .bind(node)
+            .bind(a_id)
+            .bind(a_epoch)
+            .bind(a_kind)
+            .bind(a_step)
+            .bind(a_state)
+            .bind(a_result)
+            .bind(a_error)
+            .bind(a_delay)
+            .bind(a_awaits)
+            .bind(a_children)
+            .bind(a_run_ahead)
+            .bind(consumed)
+            .bind(seen)
+            .bind(notify)
+            .bind(now)
+            .fetch_one(&mut *conn)
+            .await?;
+    deferred.extend(later);
     Ok(Committed {
         fenced: committed.into_iter().collect(),
         continued: continued.into_iter().collect(),
+        deferred,
         now: Some(at),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_outcome_never_shares_a_call_with_the_newer_claims() {
+        let out = StepOutput::stopped("x".into());
+        let c = |id, epoch| Commit {
+            id,
+            epoch,
+            output: &out,
+            run_ahead: false,
+            keep_state: false,
+        };
+        // Either order: the newest epoch of row 1 is kept, once.
+        for batch in [[c(1, 1), c(2, 5), c(1, 2)], [c(1, 2), c(2, 5), c(1, 1)]] {
+            let kept: Vec<(i64, i64)> = one_per_row(&batch)
+                .iter()
+                .map(|c| (c.id, c.epoch))
+                .collect();
+            assert_eq!(kept, vec![(1, 2), (2, 5)]);
+        }
+    }
 }
