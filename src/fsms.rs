@@ -253,3 +253,33 @@ impl Waiter {
         Ok(retry_shortly(err, ctx.attempt()))
     }
 }
+
+/// Spawns `n` parked [`Waiter`]s, then finishes once they are all terminal: the soak's
+/// operator signals, cancels and retries these parents and their children.
+#[durable_fsm(state = Fan, queue = "audited")]
+pub enum WaitFan {
+    #[initial]
+    Spawn,
+    Sum,
+}
+
+#[durable_steps]
+impl WaitFan {
+    async fn spawn(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let children = (0..ctx.state.n).map(|_| Child::new::<Waiter>(())).collect();
+        Ok(Step::schedule_childs(children, WaitFan::Sum))
+    }
+
+    async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        let done = ctx
+            .childs()
+            .iter()
+            .filter(|c| c.status == Status::Done)
+            .count();
+        Ok(Step::done(json!({ "done": done })))
+    }
+
+    async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(retry_shortly(err, ctx.attempt()))
+    }
+}

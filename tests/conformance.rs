@@ -19,6 +19,8 @@ mod children;
 mod fsms;
 #[path = "conformance/kit_only.rs"]
 mod kit_only;
+#[path = "conformance/model.rs"]
+mod model;
 #[path = "conformance/outcomes.rs"]
 mod outcomes;
 #[path = "conformance/scheduling.rs"]

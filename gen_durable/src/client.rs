@@ -201,8 +201,8 @@ impl Client {
     /// [`Error::ParentMovedOn`]. A parent that still has live children (cancelled while a
     /// child ran) waits for them again instead of running at once.
     pub async fn retry(&self, id: i64) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        let r = pg::control::retry(&mut tx, id, self.clock.now_param()).await;
+        let mut conn = self.pool.acquire().await?;
+        let r = pg::control::retry(&mut conn, id, self.clock.now_param()).await;
         let r = match r {
             Ok(r) => r,
             Err(Error::Database(sqlx::Error::Database(db)))
@@ -214,7 +214,6 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        tx.commit().await?;
         retry_result(id, r)
     }
     /// The queues of `rows` this statement wakes itself (see [`Client::notify_window`]).

@@ -1,23 +1,31 @@
-//! The chaos soak (issue 9): N three-step instances over W worker processes while a
-//! random worker is SIGKILLed every 10–30 s and PostgreSQL is restarted every 30–60 s.
-//! Each step writes an audit row through `ctx.transaction()`. At the end an invariant
-//! checker reports, and the exit code is non-zero if any invariant is broken:
-//! instances not `done` (0), (instance, step) audited ≠ 1 time (0), sessions
-//! `idle in transaction` (0), advisory locks held (0); plus each kill's recovery time.
+//! The chaos soak: N three-step instances over W worker processes while a random worker
+//! is SIGKILLed every 10–30 s and PostgreSQL is restarted every 30–60 s. Each step writes
+//! an audit row through `ctx.transaction()`. Beside them, `--fans` parents of
+//! `--fan-children` parked children each, on which an operator signals children and
+//! cancels and retries parents and children at random while the processes die; once the chaos ends, every failed one is
+//! retried until none can be. At the end an invariant checker reports, and the exit code
+//! is non-zero if any invariant is broken: instances not `done` (0; a child whose parent
+//! went on without it may stay failed), (instance, step) audited ≠ 1 time (0),
+//! `children_pending` ≠ live children (0), signals left on finished instances (0),
+//! operator calls that failed for another reason than the instance's state, e.g. a
+//! deadlock (0), sessions `idle in transaction` (0), advisory locks held (0); plus each
+//! kill's recovery time.
 //!
 //! ```sh
 //! cargo run --release --bin gd_soak -- --instances 5000 --workers 4 --seconds 600
 //! cargo run --release --bin gd_soak -- --instances 1000 --seconds 120   # the CI version
 //! ```
 //! Options: `--kill-min/--kill-max` (s, default 10/30), `--restart-min/--restart-max`
-//! (s, default 30/60; `--no-pg-restart` to skip), `--step-ms` (default 20),
+//! (s, default 30/60; `--no-pg-restart` to skip), `--step-ms` (default 20), `--fans`
+//! (default 20), `--fan-children` (default 4), `--operator-ms` (between operator
+//! actions, default 500),
 //! `--database-url` (a server; the soak uses its own database `gen_durable_soak`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use gen_durable::{Client, Entry};
-use gen_durable_suite::fsms::{create_audit_table, Audited, Plan};
+use gen_durable::{Client, Entry, Error};
+use gen_durable_suite::fsms::{create_audit_table, Audited, Fan, Plan, WaitFan};
 use gen_durable_suite::worker::Args;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
@@ -89,6 +97,127 @@ fn restart_postgres() -> bool {
         .unwrap_or(false)
 }
 
+/// Instances still live (neither done nor failed).
+const LIVE: &str = "SELECT count(*) FROM gd_instances WHERE status NOT IN ('done', 'failed')";
+
+/// The operator: cancels and retries fan parents and children at random.
+#[derive(Default)]
+struct Operator {
+    /// Successful cancels, and retries and signals.
+    cancels: u32,
+    retries: u32,
+    /// Refused for the instance's state (finished, not failed, parent moved on).
+    refused: u32,
+    /// The database could not be reached (PostgreSQL restarting).
+    unreachable: u32,
+    /// Any other error, e.g. a deadlock: an invariant broken.
+    broken: u32,
+}
+
+impl Operator {
+    async fn act(&mut self, gd: &Client, pool: &PgPool, rng: &mut Rng) {
+        if rng.next() % 3 == 0 {
+            self.wake_one(gd, pool).await;
+            return;
+        }
+        let cancel = rng.next() % 2 == 0;
+        let pick = if cancel {
+            "SELECT id FROM gd_instances WHERE fsm IN ('WaitFan', 'Waiter')
+                AND status NOT IN ('done', 'failed') ORDER BY random() LIMIT 1"
+        } else {
+            "SELECT id FROM gd_instances WHERE fsm IN ('WaitFan', 'Waiter')
+                AND status = 'failed' ORDER BY random() LIMIT 1"
+        };
+        let Ok(Some(id)) = sqlx::query_scalar::<_, i64>(pick)
+            .fetch_optional(pool)
+            .await
+        else {
+            return;
+        };
+        if cancel {
+            let r = gd.cancel(id).await.map(|_| ());
+            self.count(r, true);
+        } else {
+            let r = gd.retry(id).await;
+            self.count(r, false);
+        }
+    }
+
+    /// Sends `go` to one parked child.
+    async fn wake_one(&mut self, gd: &Client, pool: &PgPool) {
+        let pick = "SELECT id FROM gd_instances WHERE fsm = 'Waiter' AND status = 'awaiting_signal'
+                     ORDER BY random() LIMIT 1";
+        if let Ok(Some(id)) = sqlx::query_scalar::<_, i64>(pick)
+            .fetch_optional(pool)
+            .await
+        {
+            let r = gd.signal(id, "go", serde_json::json!({})).await.map(|_| ());
+            self.count(r, false);
+        }
+    }
+
+    /// Wakes every parked child and retries every failed fan row once; returns how many
+    /// it woke or retried.
+    async fn settle(&mut self, gd: &Client, pool: &PgPool) -> usize {
+        let parked: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM gd_instances WHERE fsm = 'Waiter' AND status = 'awaiting_signal'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        let woke = parked.len();
+        for id in parked {
+            let r = gd.signal(id, "go", serde_json::json!({})).await.map(|_| ());
+            self.count(r, false);
+        }
+        let failed: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM gd_instances WHERE fsm IN ('WaitFan', 'Waiter') AND status = 'failed' ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        let mut retried = woke;
+        for id in failed {
+            let r = gd.retry(id).await;
+            if r.is_ok() {
+                retried += 1;
+            }
+            self.count(r, false);
+        }
+        retried
+    }
+
+    fn count(&mut self, r: gen_durable::Result<()>, cancel: bool) {
+        match r {
+            Ok(()) if cancel => self.cancels += 1,
+            Ok(()) => self.retries += 1,
+            Err(
+                Error::Finished { .. }
+                | Error::NotFound { .. }
+                | Error::WrongStatus { .. }
+                | Error::ParentMovedOn { .. }
+                | Error::Duplicate { .. },
+            ) => self.refused += 1,
+            Err(Error::Database(e)) if !matches!(e, sqlx::Error::Database(_)) => {
+                self.unreachable += 1
+            }
+            Err(Error::Database(sqlx::Error::Database(db)))
+                if db
+                    .code()
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")) =>
+            {
+                // Administrator shutdown or a lost connection: PostgreSQL is restarting.
+                self.unreachable += 1
+            }
+            Err(e) => {
+                eprintln!("soak: operator call failed: {e}");
+                self.broken += 1
+            }
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse(std::env::args().skip(1));
@@ -133,7 +262,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         gd.insert_all::<Audited>(chunk.iter().map(|_| Entry::new(plan.clone())))
             .await?;
     }
-    println!("soak: {instances} instances × 3 steps over {workers} workers, up to {seconds}s");
+    let fans = args.num("fans", 20) as usize;
+    let fan_children = args.num("fan-children", 4) as u32;
+    let operator_every = Duration::from_millis(args.num("operator-ms", 500));
+    gd.insert_all::<WaitFan>((0..fans).map(|_| Entry::new(Fan { n: fan_children })))
+        .await?;
+    println!("soak: {instances} instances × 3 steps and {fans} fans of {fan_children} over {workers} workers, up to {seconds}s");
 
     let soak = Soak {
         url,
@@ -154,11 +288,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut restarts = 0u32;
     let mut recoveries: Vec<(String, Duration)> = Vec::new();
     let mut pending_recovery: Vec<(String, Instant)> = Vec::new();
+    let mut ops = Operator::default();
+    let mut next_op = started + operator_every;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let open = scalar(
             &pool,
-            "SELECT count(*) FROM gd_instances WHERE status <> 'done'",
+            "SELECT count(*) FROM gd_instances WHERE fsm = 'Audited' AND status <> 'done'",
         )
         .await;
         // Recovery time: from a kill until none of the dead node's rows is still held.
@@ -184,6 +320,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         let now = Instant::now();
+        if now >= next_op && open > 0 {
+            ops.act(&gd, &pool, &mut rng).await;
+            next_op = now + operator_every;
+        }
         if now >= next_kill && open > 0 {
             let i = (rng.next() % workers as u64) as usize;
             let (node, mut child) = procs.remove(i);
@@ -210,6 +350,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             next_restart = now + Duration::from_secs(rng.between(restart_min, restart_max));
         }
     }
+    // The operator retries what it failed until nothing more can be retried, while the
+    // workers (no more kills) finish what that makes runnable.
+    let settle_until = Instant::now() + Duration::from_secs(120);
+    while ops.settle(&gd, &pool).await > 0 && Instant::now() < settle_until {
+        while scalar(&pool, LIVE).await > 0 && Instant::now() < settle_until {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
     let elapsed = started.elapsed();
     for (_, mut child) in procs {
         let _ = child.start_kill();
@@ -218,18 +366,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let not_done = scalar(
         &pool,
-        "SELECT count(*) FROM gd_instances WHERE status <> 'done'",
+        "SELECT count(*) FROM gd_instances i WHERE status <> 'done'
+            AND NOT (status = 'failed' AND EXISTS (SELECT 1 FROM gd_instances p
+                      WHERE p.id = i.parent_id AND p.status = 'done'))",
     )
     .await;
+    // The audit trail of the three-step instances, which no operator touches (a retried
+    // fan row runs its step again, by design).
     let wrong_audit = scalar(
         &pool,
-        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit GROUP BY 1, 2 HAVING count(*) <> 1) x",
+        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit a
+                                 JOIN gd_instances i ON i.id = a.instance AND i.fsm = 'Audited'
+                                GROUP BY 1, 2 HAVING count(*) <> 1) x",
     )
     .await;
     let missing_audit = scalar(
         &pool,
         "SELECT count(*) FROM gd_instances i CROSS JOIN (VALUES ('one'), ('two'), ('three')) s(step)
-          WHERE NOT EXISTS (SELECT 1 FROM gd_audit a WHERE a.instance = i.id AND a.step = s.step)",
+          WHERE i.fsm = 'Audited'
+            AND NOT EXISTS (SELECT 1 FROM gd_audit a WHERE a.instance = i.id AND a.step = s.step)",
+    )
+    .await;
+    let bad_barriers = scalar(
+        &pool,
+        "SELECT count(*) FROM gd_instances p
+          WHERE children_pending <> (SELECT count(*) FROM gd_instances c
+                                      WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed'))",
+    )
+    .await;
+    let orphan_signals = scalar(
+        &pool,
+        "SELECT count(*) FROM gd_signals s JOIN gd_instances i ON i.id = s.target_id
+          WHERE i.status IN ('done', 'failed')",
     )
     .await;
     let idle_in_tx = scalar(
@@ -247,13 +415,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "instances": instances, "workers": workers, "secs": elapsed.as_secs_f64(),
         "kills": kills, "pg_restarts": restarts,
         "not_done": not_done, "audit_not_once": wrong_audit, "audit_missing": missing_audit,
+        "bad_barriers": bad_barriers, "orphan_signals": orphan_signals,
+        "operator": { "cancels": ops.cancels, "retries": ops.retries, "refused": ops.refused,
+                      "unreachable": ops.unreachable, "broken": ops.broken },
         "idle_in_transaction": idle_in_tx, "advisory_locks": advisory,
         "recovery_secs": recoveries.iter().map(|r| r.1.as_secs_f64()).collect::<Vec<_>>(),
         "max_recovery_secs": max_recovery.as_secs_f64(),
     });
     println!("{summary}");
-    let ok =
-        not_done == 0 && wrong_audit == 0 && missing_audit == 0 && idle_in_tx == 0 && advisory == 0;
+    let ok = not_done == 0
+        && wrong_audit == 0
+        && missing_audit == 0
+        && bad_barriers == 0
+        && orphan_signals == 0
+        && ops.broken == 0
+        && idle_in_tx == 0
+        && advisory == 0;
     println!(
         "soak: {}",
         if ok {

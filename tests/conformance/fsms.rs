@@ -231,6 +231,18 @@ test_fsm!(Holder, state = S, queue = "conf", version = 1, {
     Sum => "sum" |_ctx| { Ok(Step::done(json!("children finished"))) },
 });
 
+// One parked `Waiter` child and one `Kid` that fails: after a run the parent still awaits
+// one child while the other has failed — the state in which a retry re-arms the barrier.
+test_fsm!(Mixed, state = S, queue = "conf", version = 1, {
+    Spawn => "spawn" |_ctx| {
+        Ok(Step::schedule_childs(vec![Child::new::<Waiter>(S::default()), Child::new::<Kid>(S::n(-1))], Mixed::Sum))
+    },
+    Sum => "sum" |ctx| {
+        let failed = ctx.childs().iter().filter(|c| c.status == Status::Failed).count();
+        Ok(Step::done(json!({ "failed": failed })))
+    },
+});
+
 test_fsm!(Flaky, state = S, queue = "conf", version = 1, {
     Go => "go" |ctx| {
         if logged(&ctx.state.tag).iter().any(|l| l == "fixed") {
@@ -284,6 +296,7 @@ pub fn registry() -> Registry {
     r.register::<Parent>();
     r.register::<Grand>();
     r.register::<Holder>();
+    r.register::<Mixed>();
     r.register::<Flaky>();
     r.register::<Parted>();
     r

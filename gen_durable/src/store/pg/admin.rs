@@ -282,7 +282,7 @@ pub(crate) async fn inspect<'e>(
 /// - Never a child of a live parent: a parent that is not terminal reads its children's
 ///   outcomes in `ctx.childs()` once they have all ended, so they must outlive it.
 /// - The inbox goes with the row (`ON DELETE CASCADE`); terminal rows have none anyway.
-const GC: &str = r#"
+pub(super) const GC: &str = r#"
 WITH doomed AS MATERIALIZED (
     SELECT i.id FROM gd_instances i
      WHERE i.status IN ('done', 'failed')

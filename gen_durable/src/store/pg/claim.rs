@@ -26,7 +26,7 @@ use crate::error::Result;
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
-const CLAIM: &str = r#"
+pub(super) const CLAIM: &str = r#"
 WITH picked AS MATERIALIZED (
     SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
       FROM gd_instances i

@@ -11,7 +11,7 @@ use crate::Status;
 
 /// Statement 1 of a cancel: the instance, its live descendants and its parent (whose
 /// counter the cancel decrements), locked in id order. `in_tree` is false for the parent.
-const CANCEL_TREE: &str = r#"
+pub(super) const CANCEL_TREE: &str = r#"
 WITH RECURSIVE tree AS (
     SELECT id FROM gd_instances WHERE id = $1
   UNION
@@ -32,7 +32,7 @@ SELECT i.id, i.status, i.id IN (SELECT id FROM tree) AS in_tree
 /// the children this statement fails with it, so it keeps counting exactly its live
 /// children (the flagged ones); the parents outside that set are returned, one element
 /// per child failed, for the fan-in.
-const CANCEL_APPLY: &str = r#"
+pub(super) const CANCEL_APPLY: &str = r#"
 WITH failed AS (
     UPDATE gd_instances i
        SET status = 'failed', last_error = 'cancelled', cancel_requested = true,
@@ -104,20 +104,29 @@ pub(crate) async fn cancel(
     Ok(CancelResult::Done { failed, flagged })
 }
 
-/// Statement 1 of a retry: the instance and its parent, locked in id order.
-const RETRY_LOCK: &str = r#"
-SELECT i.id, i.status, i.parent_id FROM gd_instances i
- WHERE i.id = $1 OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
- ORDER BY i.id
-   FOR NO KEY UPDATE OF i
-"#;
-
-/// Statement 2: the failed instance runs again at its step with a fresh attempt count —
-/// or, if it still has live children (a cancelled parent whose running child has not
-/// stopped yet), waits for them again: `children_pending` is recounted from the rows.
-/// A child re-arms its parent (`$3`), which waits for it again.
-const RETRY: &str = r#"
-WITH retried AS (
+/// A retry in one statement. `locked` takes the instance and its parent in id order (the
+/// parent's id is the smaller). A failed instance runs again at its step with a fresh
+/// attempt count — or, if it still has live children (a cancelled parent whose running
+/// child has not stopped yet), awaits them again: `children_pending` is recounted from the
+/// rows. A child is retried only while its parent awaits its children, and re-arms it
+/// (the parent waits for this child again); once the parent has read the child's outcome
+/// and gone on, nothing changes (a retried child would end with nobody counting it). A
+/// parent already collected waits for nothing.
+pub(super) const RETRY: &str = r#"
+WITH locked AS MATERIALIZED (
+    SELECT i.id, i.status, i.parent_id FROM gd_instances i
+     WHERE i.id = $1 OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
+     ORDER BY i.id
+       FOR NO KEY UPDATE OF i
+), target AS (
+    SELECT * FROM locked WHERE id = $1
+), parent AS (
+    SELECT l.* FROM locked l JOIN target t ON l.id = t.parent_id
+), go AS (
+    SELECT t.id FROM target t
+     WHERE t.status = 'failed'
+       AND coalesce((SELECT status = 'awaiting_children' FROM parent), true)
+), retried AS (
     UPDATE gd_instances i
        SET status = (CASE WHEN l.live > 0 THEN 'awaiting_children'
                           ELSE 'runnable' END)::gd_status,
@@ -125,19 +134,22 @@ WITH retried AS (
            attempt = 0, reaps = 0, cancel_requested = false, awaits = '{}',
            await_deadline = NULL, locked_by = NULL, lease_expires_at = NULL,
            eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
-      FROM (SELECT count(*)::int AS live FROM gd_instances c
+      FROM go,
+           (SELECT count(*)::int AS live FROM gd_instances c
              WHERE c.parent_id = $1 AND c.status NOT IN ('done', 'failed')) l
-     WHERE i.id = $1
-    RETURNING i.queue, i.status, i.parent_id
+     WHERE i.id = go.id
+    RETURNING i.queue, i.status
 ), rearmed AS (
     UPDATE gd_instances p
        SET children_pending = p.children_pending + 1, updated_at = coalesce($2, now())
-      FROM retried r
-     WHERE p.id = r.parent_id AND $3
-    RETURNING p.id
+      FROM parent
+     WHERE p.id = parent.id AND EXISTS (SELECT 1 FROM go)
 )
-SELECT (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable'),
-       (SELECT count(*) FROM rearmed)
+SELECT (SELECT status FROM target) AS status,
+       (SELECT id FROM parent) AS parent,
+       (SELECT status FROM parent) AS parent_status,
+       (SELECT count(*) FROM retried) AS retried,
+       (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable') AS woke
 "#;
 
 /// What a retry found and did.
@@ -154,40 +166,29 @@ pub(crate) enum RetryResult {
     Retried,
 }
 
-/// Retries instance `id`; `conn` must be in a transaction.
+/// Retries instance `id`.
 pub(crate) async fn retry(
     conn: &mut PgConnection,
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<RetryResult> {
-    let locked: Vec<(i64, Status, Option<i64>)> = sqlx::query_as(RETRY_LOCK)
-        .bind(id)
-        .fetch_all(&mut *conn)
-        .await?;
-    let Some(&(_, status, parent_id)) = locked.iter().find(|(i, _, _)| *i == id) else {
-        return Ok(RetryResult::NotFound);
-    };
-    if status != Status::Failed {
-        return Ok(RetryResult::NotFailed(status));
-    }
-    // A parent that no longer waits has read this child's outcome and gone on: a retried
-    // child would end with nobody counting it. A parent already collected waits for nothing.
-    let parent = parent_id.and_then(|p| locked.iter().find(|(i, _, _)| *i == p));
-    let rearm = match parent {
-        Some((_, Status::AwaitingChildren, _)) => true,
-        Some(&(p, st, _)) => {
-            return Ok(RetryResult::ParentMovedOn {
-                parent: p,
-                status: st,
-            })
-        }
-        None => false,
-    };
-    sqlx::query(RETRY)
+    let (status, parent, parent_status, retried, _): (
+        Option<Status>,
+        Option<i64>,
+        Option<Status>,
+        i64,
+        i64,
+    ) = sqlx::query_as(RETRY)
         .bind(id)
         .bind(now)
-        .bind(rearm)
-        .execute(&mut *conn)
+        .fetch_one(&mut *conn)
         .await?;
-    Ok(RetryResult::Retried)
+    Ok(match (status, parent.zip(parent_status)) {
+        (None, _) => RetryResult::NotFound,
+        (Some(_), _) if retried > 0 => RetryResult::Retried,
+        (Some(Status::Failed), Some((parent, status))) => {
+            RetryResult::ParentMovedOn { parent, status }
+        }
+        (Some(st), _) => RetryResult::NotFailed(st),
+    })
 }

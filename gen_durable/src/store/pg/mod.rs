@@ -36,3 +36,32 @@ pub(crate) const UNIQUE_VIOLATION: &str = "23505";
 pub(crate) fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// The engine's statements under the names and parameter types of the SQL audit's probes
+/// (`PREPARE name(types) AS …`), so the probes run against the statements as they are
+/// now: `gd_audit_prep` prints them as the probes' `prep.sql`.
+pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
+    vec![
+        ("claim", "text, text[], int4[], int8, text, int8, timestamptz", claim::CLAIM),
+        ("reap", "int8, timestamptz", lease::REAP),
+        ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
+        ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
+        ("retry", "int8, timestamptz", control::RETRY),
+        ("heartbeat", "int8[], int8[], int8, timestamptz, text", lease::HEARTBEAT),
+        ("cancel_tree", "int8", control::CANCEL_TREE),
+        ("cancel_apply", "int8[], timestamptz", control::CANCEL_APPLY),
+        ("fence", "int8[], int8[], text", outcome::FENCE),
+        ("release", "int8[], int8[], text, timestamptz", lease::RELEASE),
+        (
+            "insert_one",
+            "text, int4, text, jsonb, text, int2, text, text, text, timestamptz, int8, int4, timestamptz, bool",
+            insert::INSERT_ONE,
+        ),
+        (
+            "insert",
+            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[]",
+            insert::INSERT,
+        ),
+        ("gc", "int8, int8, timestamptz", admin::GC),
+    ]
+}

@@ -23,7 +23,7 @@ use crate::store::pg::millis;
 /// (`locked_by` is set only while a row is claimed), the rows are read by primary key and
 /// each epoch is found by binary search in the sorted ids — no join whose plan could
 /// rescan the arrays per row, no scan of every executing row through the lease index.
-const FENCE: &str = r#"
+pub(super) const FENCE: &str = r#"
 WITH locked AS MATERIALIZED (
     SELECT i.id, i.cancel_requested
       FROM gd_instances i

@@ -14,7 +14,7 @@ use crate::Status;
 /// COMMITTED a locking read returns the newest row version, which is why `wake`
 /// decides from `target`'s columns rather than from its own (older) snapshot.
 /// A redelivery with the same `dedup_key` inserts nothing and wakes nothing.
-const DELIVER: &str = r#"
+pub(super) const DELIVER: &str = r#"
 WITH target AS (
     SELECT id, status, awaits, queue FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE
 ), ins AS (
