@@ -55,6 +55,8 @@ struct Running {
     id: i64,
     epoch: i64,
     cancel: CancellationToken,
+    /// The row has a partition key, which its end frees.
+    partitioned: bool,
 }
 
 impl QueueRunner {
@@ -136,7 +138,11 @@ impl QueueRunner {
                             }
                             Err(e) => e.id(),
                         };
-                        running.remove(&task_id);
+                        // A partition freed: the key's next row can run now, not at the
+                        // next poll (a claim hands back all but one row of a key).
+                        if running.remove(&task_id).is_some_and(|r| r.partitioned) {
+                            pick_now = true;
+                        }
                     }
                     pick_now |= maybe_more || !buffer.is_empty();
                 }
@@ -257,7 +263,7 @@ impl QueueRunner {
         while tasks.len() < self.cfg.concurrency {
             let Some(row) = buffer.pop_front() else { break };
             let cancel = CancellationToken::new();
-            let (id, epoch) = (row.id, row.lease_epoch);
+            let (id, epoch, partitioned) = (row.id, row.lease_epoch, row.partitioned);
             self.shared
                 .running
                 .lock()
@@ -270,7 +276,15 @@ impl QueueRunner {
                 self.draining.clone(),
                 self.queue.clone(),
             ));
-            running.insert(handle.id(), Running { id, epoch, cancel });
+            running.insert(
+                handle.id(),
+                Running {
+                    id,
+                    epoch,
+                    cancel,
+                    partitioned,
+                },
+            );
         }
     }
 

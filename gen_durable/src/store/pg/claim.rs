@@ -56,9 +56,11 @@ WITH picked AS MATERIALIZED (
            updated_at = coalesce($7, now())
       FROM chosen c
      WHERE i.id = c.id
-    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch
+    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
+              i.partition_key IS NOT NULL AS partitioned
 )
 SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
+       c.partitioned,
        (SELECT coalesce(json_agg(json_build_object(
                    'id', s.id, 'name', s.name, 'payload', s.payload,
                    'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
@@ -86,6 +88,8 @@ pub(crate) struct Claimed {
     pub(crate) attempt: i32,
     pub(crate) awaits: Vec<String>,
     pub(crate) lease_epoch: i64,
+    /// It has a partition key: when its step ends, the key's next row may run.
+    pub(crate) partitioned: bool,
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) childs: Json<Vec<ChildInfo>>,
     /// Rows this pick locked but handed back because an earlier row of the batch has the
