@@ -116,11 +116,11 @@ struct Operator {
 
 impl Operator {
     async fn act(&mut self, gd: &Client, pool: &PgPool, rng: &mut Rng) {
-        if rng.next() % 3 == 0 {
+        if rng.next().is_multiple_of(3) {
             self.wake_one(gd, pool).await;
             return;
         }
-        let cancel = rng.next() % 2 == 0;
+        let cancel = rng.next().is_multiple_of(2);
         let pick = if cancel {
             "SELECT id FROM gd_instances WHERE fsm IN ('WaitFan', 'Waiter')
                 AND status NOT IN ('done', 'failed') ORDER BY random() LIMIT 1"
