@@ -51,15 +51,33 @@ LANGUAGE sql VOLATILE AS $$
     SELECT DISTINCT queue FROM fanin WHERE status = 'runnable'
 $$;
 
--- The group commit (migration 0004), now in five statements, each with a fresh snapshot
+-- What every statement that ends rows does next, as statements of their own (each with a
+-- fresh snapshot under READ COMMITTED, after the caller took the rows' locks): the fan-in
+-- of their parents (`p_parents`, one element per child that ended) and the deletion of
+-- their whole inboxes — a delivery that held a row until the caller locked it has
+-- committed by now, and is seen.
+CREATE FUNCTION gd_rows_ended(p_rows int8[], p_parents int8[], p_now timestamptz)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF p_parents IS NOT NULL THEN
+        PERFORM pg_notify('gd_wake', q) FROM gd_fan_in(p_parents, p_now) AS q;
+    END IF;
+    IF p_rows IS NOT NULL THEN
+        DELETE FROM gd_signals s WHERE s.target_id = ANY (p_rows);
+    END IF;
+END
+$$;
+
+-- The group commit (migration 0004), in statements that each take a fresh snapshot
 -- under READ COMMITTED (the engine runs it at READ COMMITTED whatever the database's
 -- default):
 --   0. lock the batch's rows and, for outcomes that end a child, its parent, without
 --      waiting: an outcome whose row or parent someone else holds is `deferred` (nothing
 --      of it is written; the engine commits it again a moment later);
---   1. apply each fenced outcome (spec §3.1), consume the signals a progressing step
---      received, and decrement the parents of the rows that ended (gd_fan_in);
---   2. delete the whole inbox of every finished row;
+--   1. apply each fenced outcome (spec §3.1) and consume the signals a progressing step
+--      received;
+--   2. decrement the parents of the rows that ended and delete the whole inbox of every
+--      finished row (gd_rows_ended);
 --   3. wake a parked `await` whose signal is in.
 -- The time is the statement's start (not the transaction's: inside a step's own
 -- transaction that began long ago, an await timeout or a replay delay counts from the
@@ -93,6 +111,7 @@ CREATE FUNCTION gd_commit_outcomes(
 DECLARE
     t        timestamptz := coalesce(p_now, statement_timestamp());
     mine     int8[];
+    wanted   int8[];
     parents  int8[];
     ready    int8[];
     finished int8[];
@@ -108,22 +127,35 @@ BEGIN
          WHERE i.id = ANY (p_ids)
          ORDER BY i.id
            FOR NO KEY UPDATE SKIP LOCKED) x;
-    SELECT coalesce(array_agg(id), '{}') INTO parents FROM (
-        SELECT p.id FROM gd_instances p
-         WHERE p.id IN (SELECT i.parent_id FROM gd_instances i
-                         WHERE i.id = ANY (mine) AND i.parent_id IS NOT NULL
-                           AND (i.cancel_requested
-                                OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop')))
-         ORDER BY p.id
-           FOR NO KEY UPDATE SKIP LOCKED) x;
-    SELECT coalesce(array_agg(i.id), '{}') INTO ready FROM gd_instances i
-     WHERE i.id = ANY (mine)
-       AND (i.parent_id IS NULL OR i.parent_id = ANY (parents)
-            OR NOT (i.cancel_requested OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop')));
+    SELECT coalesce(array_agg(DISTINCT i.parent_id), '{}') INTO wanted FROM gd_instances i
+     WHERE i.id = ANY (mine) AND i.parent_id IS NOT NULL
+       AND (i.cancel_requested OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop'));
+    IF cardinality(wanted) = 0 THEN
+        ready := mine;
+    ELSE
+        SELECT coalesce(array_agg(id), '{}') INTO parents FROM (
+            SELECT p.id FROM gd_instances p
+             WHERE p.id = ANY (wanted)
+             ORDER BY p.id
+               FOR NO KEY UPDATE SKIP LOCKED) x;
+        IF cardinality(parents) = cardinality(wanted) THEN
+            ready := mine;
+        ELSE
+            SELECT coalesce(array_agg(i.id), '{}') INTO ready FROM gd_instances i
+             WHERE i.id = ANY (mine)
+               AND (i.parent_id IS NULL OR i.parent_id = ANY (parents)
+                    OR NOT (i.cancel_requested
+                            OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop')));
+        END IF;
+    END IF;
     -- Deferred: still this node's, but locked by someone else (or its parent is).
-    SELECT coalesce(array_agg(i.id), '{}') INTO deferred FROM gd_instances i
-     WHERE i.id = ANY (p_ids) AND i.id <> ALL (ready)
-       AND i.locked_by = p_node AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)];
+    IF cardinality(ready) = cardinality(p_ids) THEN
+        deferred := '{}';
+    ELSE
+        SELECT coalesce(array_agg(i.id), '{}') INTO deferred FROM gd_instances i
+         WHERE i.id = ANY (p_ids) AND i.id <> ALL (ready)
+           AND i.locked_by = p_node AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)];
+    END IF;
 
     -- 1. Apply every fenced outcome, exactly as the table of spec §3.1 says; an `await`
     --    parks here and statement 3 wakes it if its signal is in. The fence is
@@ -197,16 +229,9 @@ BEGIN
       INTO committed, continued, finished, ended, parked, notified
       FROM upd u;
 
-    -- The parents of the rows that ended (their locks are held since statement 0).
-    IF ended IS NOT NULL THEN
-        PERFORM pg_notify('gd_wake', q) FROM gd_fan_in(ended, t) AS q;
-    END IF;
-
-    -- 2. The whole inbox of every finished row, as of now: a delivery that held a row
-    --    before statement 0 locked it has committed, and is seen here.
-    IF finished IS NOT NULL THEN
-        DELETE FROM gd_signals WHERE target_id = ANY (finished);
-    END IF;
+    -- 2. The parents of the rows that ended (their locks are held since statement 0),
+    --    and the whole inbox of every finished row, as of now.
+    PERFORM gd_rows_ended(finished, ended, t);
 
     -- 3. A parked `await` runs at once if a signal it names is in its inbox that the step
     --    did not already see in `ctx.awaited()`: a signal that arrived while the step ran
@@ -295,12 +320,7 @@ BEGIN
               FROM (SELECT DISTINCT queue AS q FROM reaped WHERE status = 'runnable') w)
       INTO rows_, fails, ended, n
       FROM reaped r;
-    IF ended IS NOT NULL THEN
-        PERFORM pg_notify('gd_wake', q) FROM gd_fan_in(ended, t) AS q;
-    END IF;
-    IF fails IS NOT NULL THEN
-        DELETE FROM gd_signals s WHERE s.target_id = ANY (fails);
-    END IF;
+    PERFORM gd_rows_ended(fails, ended, t);
     RETURN QUERY SELECT r, r = ANY (coalesce(fails, '{}')) FROM unnest(rows_) AS r;
 END
 $$;
@@ -352,12 +372,7 @@ BEGIN
               FROM (SELECT DISTINCT queue AS q FROM released WHERE status = 'runnable') w)
       INTO rows_, fails, ended, n
       FROM released r;
-    IF ended IS NOT NULL THEN
-        PERFORM pg_notify('gd_wake', q) FROM gd_fan_in(ended, t) AS q;
-    END IF;
-    IF fails IS NOT NULL THEN
-        DELETE FROM gd_signals s WHERE s.target_id = ANY (fails);
-    END IF;
+    PERFORM gd_rows_ended(fails, ended, t);
     RETURN QUERY SELECT unnest(rows_);
 END
 $$;

@@ -211,8 +211,10 @@ async fn flush_of(k: usize, rec: &StatementLog) -> (Vec<Statement>, Vec<(usize, 
         done_count(db.pool()).await == k as i64
     })
     .await;
-    let seen = rec.take();
+    // After the shutdown: a statement is logged once it returns, which may be after
+    // another connection already sees what it committed.
     engine.shutdown(Duration::from_secs(5)).await;
+    let seen = rec.take();
     let ok: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM gd_instances WHERE status = 'done' AND result = '1' AND step = 'b'",
     )

@@ -70,7 +70,7 @@ async fn missing_database() {
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
+        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_rows_ended, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
     )
     .execute(db.pool())
     .await

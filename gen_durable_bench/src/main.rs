@@ -6,7 +6,7 @@
 //! cargo run --release -p gen_durable_bench -- --smoke           # tiny sizes, no ceiling (CI)
 //! ```
 //!
-//! Creates (and migrates) its own database `gen_durable_bench` on `DATABASE_URL`'s server,
+//! Creates afresh (and migrates) its own database `gen_durable_bench` on `DATABASE_URL`'s server,
 //! runs each scenario on a clean table and prints one JSON line per scenario. The ceiling
 //! (`pg-ceiling.sh 100 4 10`, a minimal two-transaction SKIP LOCKED queue) is measured in
 //! the same run, and every line carries its ratio to it. Every run checks its own result:
@@ -327,16 +327,14 @@ async fn create_database(server: &PgConnectOptions, name: &str) -> Result<(), Bo
                 server.get_port()
             )
         })?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(&mut admin)
-            .await?;
-    if !exists {
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await?;
-    }
+    // Afresh every run: a schema migrated by another checkout (a migration edited since)
+    // would refuse to migrate, and old rows would skew the first scenario.
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
     Ok(())
 }
 

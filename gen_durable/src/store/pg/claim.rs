@@ -18,10 +18,13 @@ use crate::error::Result;
 ///   inserts, which take `KEY SHARE` on their target through the foreign key, don't wait.
 /// - Only `(fsm, fsm_version)` pairs this node has registered are claimed (`$2`, `$3`);
 ///   other rows stay runnable for a node that can run them.
-/// - Partitions (§7.4): a row whose key already has an executing row is skipped: a
-///   `LATERAL … LIMIT 1` probe of the partial unique index per row read, where a
-///   `NOT EXISTS` inside an `OR` was planned as a hash of every executing row of every
-///   queue on each claim. Only the first row per key in this batch
+/// - Partitions (§7.4): a row whose key already has an executing row is skipped. The
+///   `NOT EXISTS` stands alone (a NULL key matches no row, so it needs no `OR … IS NULL`):
+///   alone it is an anti-join, planned as a probe of the partial unique index per row
+///   read; inside an `OR` it was a hash of every executing row of every queue on each
+///   claim. (A `LATERAL … LIMIT 1` probe instead estimates its `IS NULL` at 0.5% and
+///   turns the pick into a bitmap scan and sort of the whole backlog.) Only the first row
+///   per key in this batch
 ///   is claimed (`chosen`); the others are handed back at once, untouched (no attempt
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
@@ -30,18 +33,15 @@ pub(super) const CLAIM: &str = r#"
 WITH picked AS MATERIALIZED (
     SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
       FROM gd_instances i
-      LEFT JOIN LATERAL (
-           SELECT 1 AS busy FROM gd_instances e
-            WHERE e.partition_key = i.partition_key AND e.status = 'executing'
-            LIMIT 1) b ON true
      WHERE i.queue = $1
        AND i.status = 'runnable'
        AND i.eligible_at <= coalesce($7, now())
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
-       AND b.busy IS NULL
+       AND NOT EXISTS (SELECT 1 FROM gd_instances e
+                        WHERE e.partition_key = i.partition_key AND e.status = 'executing')
      ORDER BY i.priority, i.eligible_at, i.id
      LIMIT $4
-       FOR NO KEY UPDATE OF i SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), chosen AS (
     SELECT id FROM (
         SELECT id, partition_key,
