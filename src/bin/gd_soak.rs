@@ -75,6 +75,14 @@ async fn scalar(pool: &PgPool, sql: &str) -> i64 {
     loop {
         match sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await {
             Ok(v) => return v,
+            Err(sqlx::Error::Database(db))
+                if !db
+                    .code()
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("57") || c.starts_with("08")) =>
+            {
+                panic!("soak: a check query failed: {db}\n{sql}")
+            }
             // PostgreSQL may be restarting: try again shortly.
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
@@ -375,7 +383,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // fan row runs its step again, by design).
     let wrong_audit = scalar(
         &pool,
-        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit a
+        "SELECT count(*) FROM (SELECT a.instance, a.step FROM gd_audit a
                                  JOIN gd_instances i ON i.id = a.instance AND i.fsm = 'Audited'
                                 GROUP BY 1, 2 HAVING count(*) <> 1) x",
     )
