@@ -105,8 +105,8 @@ fn restart_postgres() -> bool {
         .unwrap_or(false)
 }
 
-/// Instances still live (neither done nor failed).
-const LIVE: &str = "SELECT count(*) FROM gd_instances WHERE status NOT IN ('done', 'failed')";
+/// Instances runnable or running.
+const BUSY: &str = "SELECT count(*) FROM gd_instances WHERE status IN ('runnable', 'executing')";
 
 /// The operator: cancels and retries fan parents and children at random.
 #[derive(Default)]
@@ -362,7 +362,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // workers (no more kills) finish what that makes runnable.
     let settle_until = Instant::now() + Duration::from_secs(120);
     while ops.settle(&gd, &pool).await > 0 && Instant::now() < settle_until {
-        while scalar(&pool, LIVE).await > 0 && Instant::now() < settle_until {
+        // Until what that made runnable has run (parked children wait for the next round).
+        while scalar(&pool, BUSY).await > 0 && Instant::now() < settle_until {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
