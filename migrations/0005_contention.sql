@@ -26,6 +26,17 @@ ALTER TABLE gd_instances ADD CONSTRAINT gd_instances_unique_scope_live CHECK (
     OR unique_scope @> '{runnable,executing,awaiting_signal,awaiting_children}'::gd_status[]
 ) NOT VALID;
 
+-- Keys are indexed by B-trees, whose entries are capped near 2.7 kB: a longer partition key
+-- is stored fine and then fails every claim of its queue (RELIABILITY.md, E8). The client
+-- refuses keys over 1,024 bytes (`MAX_KEY_BYTES`) before it writes; these cover the others.
+ALTER TABLE gd_instances ADD CONSTRAINT gd_instances_key_length CHECK (
+    octet_length(partition_key) <= 1024 AND octet_length(unique_key) <= 1024
+    AND octet_length(queue) <= 1024
+) NOT VALID;
+ALTER TABLE gd_signals ADD CONSTRAINT gd_signals_dedup_key_length CHECK (
+    octet_length(dedup_key) <= 1024
+) NOT VALID;
+
 -- The fan-in: one element of `p_parents` per child that has just ended (`done` or `failed`),
 -- holding that child's parent id. Each parent is decremented once per child, in one update, and
 -- one whose count reaches zero while it awaits its children becomes runnable at once. Returns
