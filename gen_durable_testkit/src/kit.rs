@@ -47,7 +47,8 @@ pub const DEFAULT_MAX_STEPS: usize = 10_000;
 ///
 /// Differences from Postgres, by design: `ctx.transaction()` returns an error (there is
 /// no database); partitions are trivially exclusive (one step runs at a time, so
-/// `partition.contended` never fires); leases, the reaper and drains do not exist.
+/// `partition.contended` never fires); leases and drains do not exist — a lost worker and
+/// the reaper taking its row back are simulated by [`TestKit::lose_lease`].
 #[derive(Debug)]
 pub struct TestKit {
     registry: Registry,
@@ -339,6 +340,25 @@ impl TestKit {
             .map_err(|()| Error::Duplicate {
                 key: format!("(the unique key of instance {id})"),
             })
+    }
+
+    /// Simulates a lost worker: runnable instance `id` is claimed by a worker that dies
+    /// before its outcome commits, and the reaper takes the row back, as on PostgreSQL —
+    /// runnable again with `attempt + 1` (`handle` is not called), or `failed` with
+    /// "lease lost N times" at the FSM's `max_reaps`. `WrongStatus` unless it is runnable
+    /// and due.
+    pub fn lose_lease(&mut self, id: i64) -> Result<()> {
+        let status = self.status_of(id)?;
+        let now = self.now();
+        if self.store.lose_lease(id, now) {
+            Ok(())
+        } else {
+            Err(Error::WrongStatus {
+                id,
+                status: status.to_string(),
+                what: "only a runnable, due instance can be claimed and lose its lease",
+            })
+        }
     }
 
     fn status_of(&self, id: i64) -> Result<Status> {

@@ -36,6 +36,9 @@ pub(crate) struct Row {
     pub(crate) children_pending: i32,
     pub(crate) unique_key: Option<String>,
     pub(crate) unique_scope: Option<Vec<Status>>,
+    /// Lost leases of the current step, and the bound after which the reaper fails it.
+    pub(crate) reaps: i32,
+    pub(crate) max_reaps: i32,
 }
 
 impl Row {
@@ -210,6 +213,8 @@ impl Store {
                     children_pending: 0,
                     unique_key: new.unique_key,
                     unique_scope: new.unique_scope,
+                    reaps: 0,
+                    max_reaps: new.max_reaps,
                 },
             );
             inserted.push((id, parent));
@@ -396,6 +401,9 @@ impl Store {
             "done" | "stop" => row.attempt,
             _ => 0,
         };
+        if matches!(kind, "next" | "await" | "schedule_childs") {
+            row.reaps = 0;
+        }
         if kind == "schedule_childs" {
             row.children_pending = spawned;
         }
@@ -422,6 +430,35 @@ impl Store {
                 p.eligible_at = now;
             }
         }
+    }
+
+    /// A lost lease (`gd_reap`): a worker claimed runnable row `id` and died before its
+    /// outcome committed, and the reaper took the row back — runnable again with
+    /// `attempt + 1`, or failed with "lease lost N times" once `reaps` reaches `max_reaps`
+    /// (its inbox deleted, its parent counted down). False unless it was runnable and due.
+    pub(crate) fn lose_lease(&mut self, id: i64, now: DateTime<Utc>) -> bool {
+        let Some(row) = self.rows.get_mut(&id) else {
+            return false;
+        };
+        if row.status != Status::Runnable || row.eligible_at > now {
+            return false;
+        }
+        row.attempt += 1;
+        row.reaps += 1;
+        row.eligible_at = now;
+        if row.reaps >= row.max_reaps {
+            row.status = Status::Failed;
+            row.last_error = Some(format!(
+                "lease lost {} times (max_reaps = {}): the step at '{}' never committed an outcome",
+                row.reaps, row.max_reaps, row.step
+            ));
+            let parent = row.parent_id;
+            self.finished(id, parent, now);
+        } else {
+            // The engine names the lost node and epoch; the kit has neither.
+            row.last_error = Some("lease lost; retrying".to_string());
+        }
+        true
     }
 
     /// Cancel (`store::pg::control`, CANCEL_TREE then CANCEL_APPLY): the instance and

@@ -141,6 +141,9 @@ pub trait Backend {
     ) -> Result<Delivery>;
     async fn cancel(&mut self, id: i64) -> Result<Cancelled>;
     async fn retry(&mut self, id: i64) -> Result<()>;
+    /// A worker claims runnable instance `id` and dies before committing; then one
+    /// reaper pass (see `TestKit::lose_lease`).
+    async fn lose_lease(&mut self, id: i64) -> Result<()>;
     async fn advance(&mut self, by: Duration);
     /// Runs every due step until nothing is due; what was committed.
     async fn run(&mut self) -> Tally;
@@ -217,6 +220,9 @@ impl Backend for Kit {
     }
     async fn retry(&mut self, id: i64) -> Result<()> {
         self.kit.retry(id).await
+    }
+    async fn lose_lease(&mut self, id: i64) -> Result<()> {
+        self.kit.lose_lease(id)
     }
     async fn advance(&mut self, by: Duration) {
         self.kit.advance(by);
@@ -362,6 +368,34 @@ impl Backend for Pg {
     }
     async fn retry(&mut self, id: i64) -> Result<()> {
         self.client.retry(id).await
+    }
+    async fn lose_lease(&mut self, id: i64) -> Result<()> {
+        // Claimed by a node that dies at once: its lease has expired by the clock. Then
+        // one pass of the engine's reaper statement.
+        let pool = self.db.pool();
+        let claimed = sqlx::query(
+            "UPDATE gd_instances SET status = 'executing', locked_by = 'lost-node',
+                    lease_epoch = lease_epoch + 1, lease_expires_at = $2 - interval '1 second'
+              WHERE id = $1 AND status = 'runnable' AND eligible_at <= $2",
+        )
+        .bind(id)
+        .bind(self.now())
+        .execute(pool)
+        .await?
+        .rows_affected();
+        if claimed == 0 {
+            let status = self.get(id).await.status;
+            return Err(gen_durable::Error::WrongStatus {
+                id,
+                status: status.to_string(),
+                what: "only a runnable, due instance can be claimed and lose its lease",
+            });
+        }
+        sqlx::query("SELECT * FROM gd_reap(500, $1)")
+            .bind(self.now())
+            .fetch_all(pool)
+            .await?;
+        Ok(())
     }
     async fn advance(&mut self, by: Duration) {
         self.clock.advance(by);

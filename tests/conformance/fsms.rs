@@ -86,13 +86,14 @@ test_fsm!(Replayer, state = S, queue = "conf", version = 1, {
     Fin => "fin" |ctx| { Ok(Step::done(json!({ "attempt_at_fin": ctx.attempt(), "log": ctx.state.log }))) },
 });
 
+// `max_reaps = 2`: the model test's lost leases fail it on the second.
 test_fsm!(Waiter, state = S, queue = "conf", version = 1, {
     Park => "park" |_ctx| { Ok(Step::await_signal(["go"], Waiter::Use)) },
     Use => "use" |ctx| {
         let v = ctx.awaited().first().map(|s| s.payload()["v"].clone());
         Ok(Step::done(json!({ "v": v, "attempt": ctx.attempt(), "awaited": ctx.awaited().len() })))
     },
-});
+}, max_reaps = 2);
 
 test_fsm!(Failing, state = S, queue = "conf", version = 1, {
     Fails => "fails" |_ctx| { Err(StepError::new("boom")) },
