@@ -1,5 +1,5 @@
 //! What every example shares: its own database on `DATABASE_URL`'s server, created and
-//! migrated on first use; a size from the command line; waiting for instances to finish
+//! migrated on first use (and recreated if another version of gen_durable migrated it); a size from the command line; waiting for instances to finish
 //! or for Ctrl-C.
 #![allow(dead_code)] // each example uses part of it
 
@@ -47,12 +47,37 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
             }
         }
     }
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .connect_with(server.database(DATABASE).disable_statement_logging())
-        .await?;
-    gen_durable::migrate(&pool).await?;
-    Ok(pool)
+    let open = || {
+        PgPoolOptions::new().max_connections(10).connect_with(
+            server
+                .clone()
+                .database(DATABASE)
+                .disable_statement_logging(),
+        )
+    };
+    let pool = open().await?;
+    match gen_durable::migrate(&pool).await {
+        Ok(()) => Ok(pool),
+        // Migrated by another checkout of gen_durable whose migrations differ from these
+        // (an edited or a newer one): it is only the examples' database, so start afresh.
+        Err(gen_durable::Error::Migrate(
+            sqlx::migrate::MigrateError::VersionMismatch(_)
+            | sqlx::migrate::MigrateError::VersionMissing(_),
+        )) => {
+            eprintln!("{DATABASE} was migrated by another version of gen_durable: recreating it");
+            pool.close().await;
+            sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+                .execute(&mut admin)
+                .await?;
+            sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+                .execute(&mut admin)
+                .await?;
+            let pool = open().await?;
+            gen_durable::migrate(&pool).await?;
+            Ok(pool)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The first command-line argument as a number (the example's size), or `default`.
