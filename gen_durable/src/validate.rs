@@ -33,7 +33,8 @@ fn invalid(what: &'static str, reason: String) -> Error {
     Error::InvalidInput { what, reason }
 }
 
-/// Where in `v` a string or key holds a NUL character, as a path (`state.items[2].name`).
+/// Where in `v` a string or key holds a NUL character, as a path (`state.items[2].name`):
+/// only computed for the error.
 fn nul_path(v: &Value, path: &mut String) -> bool {
     match v {
         Value::String(s) => s.contains('\0'),
@@ -60,8 +61,24 @@ fn nul_path(v: &Value, path: &mut String) -> bool {
     }
 }
 
+/// Whether any string or key of `v` holds a NUL character (no allocation: this runs on
+/// every step's state).
+fn has_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, item)| k.contains('\0') || has_nul(item)),
+        _ => false,
+    }
+}
+
 /// A JSON value PostgreSQL's `jsonb` can store: no NUL character in any string or key.
 pub(crate) fn json(what: &'static str, v: &Value) -> Result<()> {
+    if !has_nul(v) {
+        return Ok(());
+    }
     let mut path = what.replace(' ', "_");
     if nul_path(v, &mut path) {
         return Err(invalid(
