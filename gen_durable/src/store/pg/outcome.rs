@@ -271,4 +271,90 @@ mod tests {
             assert_eq!(kept, vec![(1, 2), (2, 5)]);
         }
     }
+
+    /// E12 on real PostgreSQL: a stale run's outcome (epoch 1, a `next` consuming the
+    /// awaited signal) and the live claim's (epoch 2, an `await` that saw it) reach one
+    /// commit call, in either order. Only the live outcome commits, and the signal the
+    /// stale run consumed stays in the inbox for the instance's next wake.
+    #[tokio::test]
+    async fn a_stale_and_a_live_outcome_of_one_row_in_one_batch_commit_only_the_live_one() {
+        let db = gen_durable_testkit::TestDb::new().await;
+        let p = db.pool();
+        for stale_first in [true, false] {
+            sqlx::query("TRUNCATE gd_instances, gd_signals RESTART IDENTITY CASCADE")
+                .execute(p)
+                .await
+                .unwrap();
+            // The row as the live claim left it: executing, node n1, epoch 2.
+            sqlx::query(
+                "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status,
+                                           locked_by, lease_epoch, lease_expires_at)
+                 VALUES ('Checkout', 1, 'ship', '{}', 'q', 'executing', 'n1', 2,
+                         now() + interval '30 seconds')",
+            )
+            .execute(p)
+            .await
+            .unwrap();
+            let signal: i64 = sqlx::query_scalar(
+                "INSERT INTO gd_signals (target_id, name, payload)
+                 VALUES (1, 'paid', '{\"amount\": 1}') RETURNING id",
+            )
+            .fetch_one(p)
+            .await
+            .unwrap();
+
+            let output = |outcome, by: &str| StepOutput {
+                outcome,
+                state: serde_json::json!({ "by": by }),
+                awaited: vec![signal],
+                error: None,
+                tx: None,
+                run_ahead: false,
+                duration: std::time::Duration::ZERO,
+            };
+            let stale = output(Outcome::Next { step: "ship" }, "stale");
+            let live = output(
+                Outcome::Await {
+                    names: vec!["paid".into()],
+                    step: "ship",
+                    timeout: None,
+                },
+                "live",
+            );
+            let c = |epoch, output| Commit {
+                id: 1,
+                epoch,
+                output,
+                run_ahead: false,
+                keep_state: false,
+            };
+            let batch = if stale_first {
+                [c(1, &stale), c(2, &live)]
+            } else {
+                [c(2, &live), c(1, &stale)]
+            };
+
+            let mut conn = p.acquire().await.unwrap();
+            let done = commit(&mut conn, "n1", &batch, &[], None).await.unwrap();
+            drop(conn);
+            assert_eq!(
+                done.fenced,
+                HashSet::from([1]),
+                "stale first: {stale_first}"
+            );
+
+            let (status, by): (String, String) =
+                sqlx::query_as("SELECT status::text, state->>'by' FROM gd_instances WHERE id = 1")
+                    .fetch_one(p)
+                    .await
+                    .unwrap();
+            assert_eq!((status.as_str(), by.as_str()), ("awaiting_signal", "live"));
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_signals")
+                .fetch_one(p)
+                .await
+                .unwrap();
+            assert_eq!(left, 1, "the signal only the stale run consumed stays");
+        }
+        db.close().await;
+    }
 }
