@@ -10,6 +10,6 @@ src=${AUDIT:-../shared/audit}
 rm -rf target/audit && mkdir -p target/audit && cp "$src"/* target/audit/ && chmod -R u+w target/audit
 # The probes' runner does not parse under bash 5.2 (an apostrophe inside "${VAR:?…}").
 sed -i "s/the project's migrations/the project migrations/" target/audit/run_all.sh
-cargo run --quiet --bin gd_audit_prep > target/audit/prep.sql
-cargo run --quiet --bin gd_audit_prep -- reap-pgbench > target/audit/e7_reap_exact.pgb
+cargo run --quiet -p gen_durable_suite --bin gd_audit_prep > target/audit/prep.sql
+cargo run --quiet -p gen_durable_suite --bin gd_audit_prep -- reap-pgbench > target/audit/e7_reap_exact.pgb
 MIGRATIONS="$PWD/migrations" DB=${DB:-gd_audit} bash target/audit/run_all.sh
