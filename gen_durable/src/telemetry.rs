@@ -1,4 +1,4 @@
-//! Telemetry (spec §8): each event is a `tracing` event with target
+//! Telemetry: each event is a `tracing` event with target
 //! `gen_durable::<group>`, and a typed [`Event`] delivered to the handlers registered
 //! with `EngineBuilder::on_event`.
 //!
@@ -6,12 +6,16 @@
 //! |---|---|
 //! | `step.stop` | `duration`; `id, fsm, step, kind` (the committed outcome, also when `handle` produced it) |
 //! | `pick.stop` | `count, demand`; `queue, worker` |
-//! | `commit.stop` (beyond §8) | `duration, count, committed`: one group commit — outcomes sent, outcomes written (the others had lost their lease) |
+//! | `commit.stop` | `duration, count, committed`: one group commit — outcomes sent, outcomes written (the others had lost their lease) |
 //! | `scheduler.saturation` | `in_flight, buffer, concurrency, prefetch`; `queue` |
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
 //! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
 //! | `reaper.reaped` | `count`; `ids` |
-//! | `lease.lost` (beyond §8) | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
+//! | `lease.heartbeat` | `held, extended`; `cancelled` (ids): one heartbeat of a node holding leases |
+//! | `await.timed_out` | `count`: parked rows past their deadline, made runnable by one sweep |
+//! | `collector.deleted` | `count`: finished rows older than the retention, deleted by one pass |
+//! | `listener.connected` | `reconnect`: the wake-up listener is (again) on LISTEN |
+//! | `lease.lost` | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
 
 use std::fmt;
 use std::sync::Arc;
@@ -107,6 +111,32 @@ pub enum Event {
         /// The outcome that was not committed.
         kind: &'static str,
     },
+    /// `lease.heartbeat`: one heartbeat of a node holding leases.
+    LeasesExtended {
+        /// Leases held when it began.
+        held: usize,
+        /// Of those, leases extended (the others finished, were reaped, or were locked by
+        /// another transaction: extended at the next beat).
+        extended: usize,
+        /// Instances whose cancellation it saw; their steps' `ctx.cancelled()` resolved.
+        cancelled: Vec<i64>,
+    },
+    /// `await.timed_out`: parked rows past their deadline, made runnable by one sweep.
+    AwaitTimedOut {
+        /// Rows woken.
+        count: usize,
+    },
+    /// `collector.deleted`: finished rows older than the retention, deleted by one pass.
+    CollectorDeleted {
+        /// Rows deleted.
+        count: usize,
+    },
+    /// `listener.connected`: the wake-up listener is on LISTEN.
+    ListenerConnected {
+        /// It had been connected before (notifications may have been missed: every
+        /// queue is woken).
+        reconnect: bool,
+    },
 }
 
 /// A registered event handler.
@@ -183,6 +213,18 @@ impl Telemetry {
                 kind,
             } => tracing::warn!(
                 target: "gen_durable::lease", id, fsm, step, kind, "lease.lost: outcome not committed"),
+            Event::LeasesExtended {
+                held,
+                extended,
+                cancelled,
+            } => tracing::trace!(
+                target: "gen_durable::lease", held, extended, cancelled = ?cancelled, "lease.heartbeat"),
+            Event::AwaitTimedOut { count } => tracing::debug!(
+                target: "gen_durable::timeouts", count, "await.timed_out"),
+            Event::CollectorDeleted { count } => tracing::debug!(
+                target: "gen_durable::collector", count, "collector.deleted"),
+            Event::ListenerConnected { reconnect } => tracing::debug!(
+                target: "gen_durable::listener", reconnect, "listener.connected"),
         }
         for h in &self.handlers {
             h(&event);

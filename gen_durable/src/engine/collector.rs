@@ -1,47 +1,97 @@
-//! The collector service (spec §7.6): deletes `done`/`failed` rows older than the
-//! retention, in bounded batches (`SKIP LOCKED`, so several nodes collecting at once
-//! only share the work), never a child whose parent is still live.
+//! The collector: deletes `done`/`failed` rows older than the retention, in bounded
+//! batches (`SKIP LOCKED`, so several nodes collecting at once only share the work),
+//! never a child whose parent is still live.
 
-use std::sync::Arc;
+use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::engine::Shared;
+use crate::engine::service::Service;
+use crate::engine::shared::on_conn;
+use crate::engine::shared::Db;
+use crate::error::{Error, Result};
 use crate::store::pg::{admin, millis};
+use crate::telemetry::{Event, Telemetry};
 
-pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let retention = millis(shared.cfg.retention);
-    let batch = shared.cfg.collector_batch as i64;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(shared.cfg.collector_interval) => {}
+/// The collector's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct CollectorConfig {
+    /// Whether this node collects.
+    pub(crate) enabled: bool,
+    /// How long finished rows are kept, from their last update.
+    pub(crate) retention: Duration,
+    /// How often it runs.
+    pub(crate) interval: Duration,
+    /// Rows one statement deletes at most; a pass goes on while batches come back full.
+    pub(crate) batch: usize,
+}
+
+impl CollectorConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.interval.is_zero() || self.batch == 0 {
+            return Err(Error::InvalidConfig(
+                "the collector's interval and batch must be greater than zero".into(),
+            ));
         }
-        loop {
-            if stop.is_cancelled() {
-                return;
-            }
-            let collected = async {
-                let mut conn = shared.conn().await?;
-                let n =
-                    admin::gc_batch(conn.get(), retention, batch, shared.clock.now_param()).await?;
-                conn.finish().await?;
-                Ok::<_, crate::error::Error>(n)
-            };
-            match collected.await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::debug!(target: "gen_durable::collector", deleted = n, "collected finished instances");
-                    }
-                    if (n as i64) < batch {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(target: "gen_durable::collector", error = %e, "collection failed");
-                    break;
-                }
+        Ok(())
+    }
+}
+
+/// The collector service.
+#[derive(Debug)]
+pub(crate) struct Collector {
+    pub(crate) cfg: CollectorConfig,
+    pub(crate) db: Db,
+    pub(crate) telemetry: Telemetry,
+}
+
+/// Batches one pass deletes at most, so that a stop is seen between passes.
+const BATCHES_PER_PASS: usize = 100;
+
+/// What one pass deleted.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    pub(crate) deleted: u64,
+    /// The pass stopped at its batch limit with rows left: the next one starts at once.
+    pub(crate) more: bool,
+}
+
+impl Service for Collector {
+    const NAME: &'static str = "collector";
+    type Report = Collected;
+
+    async fn run_once(&self) -> Result<Collected> {
+        let retention = millis(self.cfg.retention);
+        let batch = self.cfg.batch as i64;
+        let mut collected = Collected::default();
+        for _ in 0..BATCHES_PER_PASS {
+            let now = self.db.now();
+            let n = on_conn!(self.db, |c| admin::gc_batch(c, retention, batch, now))?;
+            collected.deleted += n;
+            if (n as i64) < batch {
+                return Ok(collected);
             }
         }
+        collected.more = true;
+        Ok(collected)
+    }
+
+    fn after(&self, collected: Collected) -> Duration {
+        if collected.deleted > 0 {
+            self.telemetry.emit(Event::CollectorDeleted {
+                count: collected.deleted as usize,
+            });
+        }
+        if collected.more {
+            Duration::ZERO
+        } else {
+            self.cfg.interval
+        }
+    }
+
+    fn after_error(&self) -> Duration {
+        self.cfg.interval
+    }
+
+    fn first_wait(&self) -> Duration {
+        self.cfg.interval
     }
 }

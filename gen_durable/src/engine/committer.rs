@@ -1,7 +1,14 @@
-//! Group commit: outcomes of many steps, across instances, in one statement (fenced per
-//! row; three in a transaction when the batch spawns children). While a batch commits,
-//! the next accumulates (a second may start beside it once it holds [`BESIDE`]
-//! outcomes), so batching grows with load and adds no delay when idle.
+//! Every way a step's outcome is committed.
+//!
+//! - The group commit: outcomes of many steps, across instances, in one statement (fenced
+//!   per row; three in a transaction when the batch spawns children). While a batch
+//!   commits, the next accumulates (a second may start beside it once it holds [`BESIDE`]
+//!   outcomes), so batching grows with load and adds no delay when idle.
+//! - The own-transaction commit: a step that used `ctx.transaction()` commits its outcome
+//!   in that transaction, with its writes ([`CommitterHandle::commit`] routes).
+//!
+//! Both call the store's `outcome::commit`; a batch the database refuses for one row's
+//! values is split until that row is alone, which then commits as `stop`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,12 +19,52 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::{Shared, BEGIN_READ_COMMITTED};
+use tokio_util::task::TaskTracker;
+
+use crate::engine::service::ServiceHandle;
+use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
 use crate::error::{Error, Result};
+use crate::notify::Notifier;
 use crate::pool::can_spare;
 use crate::runtime::StepOutput;
 use crate::store::pg::outcome::{self, Commit, Committed};
-use crate::telemetry::Event;
+use crate::telemetry::{Event, Telemetry};
+
+/// The committer's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct CommitterConfig {
+    /// Most outcomes committed in one group commit.
+    pub(crate) batch: usize,
+}
+
+impl CommitterConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.batch == 0 {
+            return Err(Error::InvalidConfig(
+                "commit_batch must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The committer service: what every commit path needs.
+#[derive(Debug)]
+pub(crate) struct Committer {
+    pub(crate) cfg: CommitterConfig,
+    pub(crate) db: Db,
+    pub(crate) node_id: String,
+    pub(crate) telemetry: Telemetry,
+    /// Coalesces the wake-ups of committed outcomes.
+    pub(crate) notifier: Arc<Notifier>,
+}
+
+/// The step path's door to the committer: [`CommitterHandle::commit`].
+#[derive(Debug, Clone)]
+pub(crate) struct CommitterHandle {
+    committer: Arc<Committer>,
+    tx: mpsc::Sender<CommitRequest>,
+}
 
 /// One outcome waiting to be committed, and where to report whether it was.
 #[derive(Debug)]
@@ -68,6 +115,116 @@ pub(crate) fn retryable(err: &Error) -> bool {
     }
 }
 
+impl CommitterHandle {
+    /// Commits through the group committer, or in the step's own transaction when it used
+    /// `ctx.transaction()` (its writes and the outcome commit together or not at all). An
+    /// outcome the database refuses in the step's transaction takes the step's writes with
+    /// it, and the instance stops through the committer, naming the refusal.
+    pub(crate) async fn commit(
+        &self,
+        queue: &Arc<str>,
+        id: i64,
+        epoch: i64,
+        mut output: StepOutput,
+        run_ahead: bool,
+    ) -> Result<CommitReply> {
+        let mut keep_state = false;
+        if let Some(tx) = output.tx.take() {
+            match self
+                .committer
+                .commit_own(queue, id, epoch, &output, run_ahead, tx)
+                .await
+            {
+                Err(e) if isolable(&e) => {
+                    tracing::warn!(target: "gen_durable::commit", id, error = %e,
+                    "the database refused a step's outcome; the instance stops");
+                    output = StepOutput::stopped(refused(&e));
+                    keep_state = true;
+                }
+                other => return other,
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        let req = CommitRequest {
+            id,
+            epoch,
+            output,
+            run_ahead,
+            queue: queue.clone(),
+            keep_state,
+            deferrals: 0,
+            reply,
+        };
+        if self.tx.send(req).await.is_err() {
+            return Err(Error::CommitFailed {
+                id,
+                reason: "the engine's committer has stopped".into(),
+            });
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::CommitFailed {
+                id,
+                reason: "the committer dropped the request".into(),
+            })
+        })
+    }
+}
+
+impl Committer {
+    /// Commits one outcome in the step's own transaction. An error aborts the transaction,
+    /// and with it the writes the outcome was to commit with; the row runs again after its
+    /// lease expires. A row someone else holds (deferred) is tried again in the same
+    /// transaction, backing off as the committer does.
+    async fn commit_own(
+        &self,
+        queue: &Arc<str>,
+        id: i64,
+        epoch: i64,
+        output: &StepOutput,
+        run_ahead: bool,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    ) -> Result<CommitReply> {
+        fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
+        let batch = [Commit {
+            id,
+            epoch,
+            output,
+            run_ahead,
+            keep_state: false,
+        }];
+        let notify = self.notifier.claim([&**queue]);
+        let started = std::time::Instant::now();
+        let mut deferrals = 0;
+        let done = loop {
+            let done =
+                outcome::commit(&mut tx, &self.node_id, &batch, &notify, self.db.now()).await?;
+            if !done.deferred.contains(&id) {
+                break done;
+            }
+            if deferrals == MAX_DEFERRALS {
+                return Err(Error::CommitFailed {
+                    id,
+                    reason: "its row stayed locked by another transaction".into(),
+                });
+            }
+            deferrals += 1;
+            tokio::time::sleep(defer_delay(deferrals)).await;
+        };
+        if !done.fenced.contains(&id) {
+            tx.rollback().await.ok();
+            return Ok(CommitReply::default());
+        }
+        tx.commit().await?;
+        self.telemetry.emit(Event::CommitStop {
+            duration: started.elapsed(),
+            count: 1,
+            committed: 1,
+        });
+        fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
+        Ok(CommitReply::of(&done, id))
+    }
+}
+
 /// A committer's connection, kept while commits follow each other (no pool acquire, and
 /// no ping, per batch) and handed back to the pool after [`HOLD`] without one, or at
 /// once when the pool has nothing else to give.
@@ -76,48 +233,50 @@ type Held = Option<PoolConnection<Postgres>>;
 /// How long the committer keeps its connection with nothing to commit.
 const HOLD: Duration = Duration::from_millis(250);
 
-/// Commits `batch` — one statement, or a transaction when it spawns children — retrying
-/// a deadlock or a dropped connection a few times.
-pub(crate) async fn commit_batch(
-    shared: &Shared,
-    held: &mut Held,
-    batch: &[Commit<'_>],
-    notify: &[String],
-) -> Result<Committed> {
-    let mut tries = 0;
-    loop {
-        let attempt = async {
-            fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
-            let conn = match held {
-                Some(c) => c,
-                None => held.insert(shared.pool.acquire().await?),
-            };
-            let (node, now) = (&shared.cfg.node_id, shared.clock.now_param());
-            let fenced = if outcome::needs_transaction(batch) || shared.set_isolation {
-                let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
-                let fenced = outcome::commit(&mut tx, node, batch, notify, now).await?;
-                tx.commit().await?;
-                fenced
-            } else {
-                // One statement: it commits by itself.
-                outcome::commit(conn, node, batch, notify, now).await?
-            };
-            fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
-            Ok::<_, Error>(fenced)
-        };
-        match attempt.await {
-            Ok(f) => return Ok(f),
-            Err(e) => {
-                // The connection may be broken: close it rather than reuse it.
-                if let Some(c) = held.take() {
-                    let _ = c.close().await;
-                }
-                if tries < 5 && retryable(&e) {
-                    tries += 1;
-                    tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
-                    tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+impl Committer {
+    /// Commits `batch` — one statement, or a transaction when it spawns children — retrying
+    /// a deadlock or a dropped connection a few times.
+    async fn commit_batch(
+        &self,
+        held: &mut Held,
+        batch: &[Commit<'_>],
+        notify: &[String],
+    ) -> Result<Committed> {
+        let mut tries = 0;
+        loop {
+            let attempt = async {
+                fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
+                let conn = match held {
+                    Some(c) => c,
+                    None => held.insert(self.db.pool.acquire().await?),
+                };
+                let (node, now) = (&self.node_id, self.db.now());
+                let fenced = if outcome::needs_transaction(batch) || self.db.set_isolation {
+                    let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
+                    let fenced = outcome::commit(&mut tx, node, batch, notify, now).await?;
+                    tx.commit().await?;
+                    fenced
                 } else {
-                    return Err(e);
+                    // One statement: it commits by itself.
+                    outcome::commit(conn, node, batch, notify, now).await?
+                };
+                fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
+                Ok::<_, Error>(fenced)
+            };
+            match attempt.await {
+                Ok(f) => return Ok(f),
+                Err(e) => {
+                    // The connection may be broken: close it rather than reuse it.
+                    if let Some(c) = held.take() {
+                        let _ = c.close().await;
+                    }
+                    if tries < 5 && retryable(&e) {
+                        tries += 1;
+                        tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
+                        tokio::time::sleep(Duration::from_millis(10 << tries)).await;
+                    } else {
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -172,68 +331,188 @@ pub(crate) fn defer_delay(deferrals: u32) -> Duration {
     Duration::from_millis((2u64 << deferrals.min(7)).min(200))
 }
 
-/// The committer service: runs until `stop` and its channel is drained.
-pub(crate) async fn run(
-    shared: Arc<Shared>,
-    mut rx: mpsc::Receiver<CommitRequest>,
-    stop: CancellationToken,
-) {
-    let max = shared.cfg.commit_batch;
-    let mut pending: Vec<CommitRequest> = Vec::with_capacity(max);
-    // Outcomes to try again once `later_at` has passed.
-    let mut later: Vec<CommitRequest> = Vec::new();
-    let mut later_at = tokio::time::Instant::now();
-    // Connections kept between commits, and the commits running.
-    let mut idle: Vec<PoolConnection<Postgres>> = Vec::new();
-    let mut flying: JoinSet<(Held, Vec<CommitRequest>)> = JoinSet::new();
-    let mut open = true;
-    loop {
-        while !pending.is_empty()
-            && (flying.is_empty()
-                || (flying.len() < IN_FLIGHT && (pending.len() >= BESIDE || !open)))
-        {
-            let batch = std::mem::replace(&mut pending, Vec::with_capacity(max));
-            flying.spawn(commit_task(shared.clone(), idle.pop(), batch));
-        }
-        if !open && pending.is_empty() && flying.is_empty() && later.is_empty() {
-            return;
-        }
-        tokio::select! {
-            r = next_request(&mut rx, &stop), if open && pending.len() < max => match r {
-                Some(r) => {
-                    pending.push(r);
-                    while pending.len() < max {
-                        match rx.try_recv() {
-                            Ok(r) => pending.push(r),
-                            Err(_) => break,
+impl Committer {
+    /// Starts the committer on `tracker`; once its handle stops it, it answers every
+    /// request still sent, then ends.
+    pub(crate) fn start(self, tracker: &TaskTracker) -> (CommitterHandle, ServiceHandle) {
+        let committer = Arc::new(self);
+        let (tx, rx) = mpsc::channel(committer.cfg.batch * 4);
+        let stop = CancellationToken::new();
+        tracker.spawn(committer.clone().run(rx, stop.clone()));
+        (CommitterHandle { committer, tx }, ServiceHandle::new(stop))
+    }
+
+    /// The loop: runs until `stop` and its channel is drained.
+    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<CommitRequest>, stop: CancellationToken) {
+        let max = self.cfg.batch;
+        let mut pending: Vec<CommitRequest> = Vec::with_capacity(max);
+        // Outcomes to try again once `later_at` has passed.
+        let mut later: Vec<CommitRequest> = Vec::new();
+        let mut later_at = tokio::time::Instant::now();
+        // Connections kept between commits, and the commits running.
+        let mut idle: Vec<PoolConnection<Postgres>> = Vec::new();
+        let mut flying: JoinSet<(Held, Vec<CommitRequest>)> = JoinSet::new();
+        let mut open = true;
+        loop {
+            while !pending.is_empty()
+                && (flying.is_empty()
+                    || (flying.len() < IN_FLIGHT && (pending.len() >= BESIDE || !open)))
+            {
+                let batch = std::mem::replace(&mut pending, Vec::with_capacity(max));
+                flying.spawn(self.clone().run_once(idle.pop(), batch));
+            }
+            if !open && pending.is_empty() && flying.is_empty() && later.is_empty() {
+                return;
+            }
+            tokio::select! {
+                r = next_request(&mut rx, &stop), if open && pending.len() < max => match r {
+                    Some(r) => {
+                        pending.push(r);
+                        while pending.len() < max {
+                            match rx.try_recv() {
+                                Ok(r) => pending.push(r),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => open = false,
+                },
+                Some(done) = flying.join_next(), if !flying.is_empty() => {
+                    if let Ok((held, deferred)) = done {
+                        // Keep the connection for the next commit unless a claim or a step
+                        // could be left waiting for it (a small pool).
+                        if let Some(conn) = held {
+                            if can_spare(&self.db.pool) {
+                                idle.push(conn);
+                            }
+                        }
+                        if let Some(n) = deferred.iter().map(|r| r.deferrals).max() {
+                            let at = tokio::time::Instant::now() + defer_delay(n);
+                            later_at = if later.is_empty() { at } else { later_at.min(at) };
+                            later.extend(deferred);
                         }
                     }
                 }
-                None => open = false,
-            },
-            Some(done) = flying.join_next(), if !flying.is_empty() => {
-                if let Ok((held, deferred)) = done {
-                    // Keep the connection for the next commit unless a claim or a step
-                    // could be left waiting for it (a small pool).
-                    if let Some(conn) = held {
-                        if can_spare(&shared.pool) {
-                            idle.push(conn);
-                        }
-                    }
-                    if let Some(n) = deferred.iter().map(|r| r.deferrals).max() {
-                        let at = tokio::time::Instant::now() + defer_delay(n);
-                        later_at = if later.is_empty() { at } else { later_at.min(at) };
-                        later.extend(deferred);
-                    }
+                _ = tokio::time::sleep_until(later_at), if !later.is_empty() => {
+                    pending.append(&mut later);
+                }
+                // Idle: give the connections back.
+                _ = tokio::time::sleep(HOLD), if flying.is_empty() && pending.is_empty() && !idle.is_empty() => {
+                    idle.clear();
                 }
             }
-            _ = tokio::time::sleep_until(later_at), if !later.is_empty() => {
-                pending.append(&mut later);
+        }
+    }
+
+    /// One group commit: commits `pending`, answers each of its steps (and emits
+    /// `commit.stop`), and hands back the connection and the outcomes to try again.
+    pub(crate) async fn run_once(
+        self: Arc<Self>,
+        mut held: Held,
+        pending: Vec<CommitRequest>,
+    ) -> (Held, Vec<CommitRequest>) {
+        let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        let notify = self.notifier.claim(queues);
+        let started = std::time::Instant::now();
+        let verdicts = self.commit_isolating(&mut held, &pending, &notify).await;
+        let committed = verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Reply(Ok(r)) if r.committed))
+            .count();
+        self.telemetry.emit(Event::CommitStop {
+            duration: started.elapsed(),
+            count: pending.len(),
+            committed,
+        });
+        let mut again = Vec::new();
+        for (mut r, v) in pending.into_iter().zip(verdicts) {
+            match v {
+                Verdict::Deferred if r.deferrals < MAX_DEFERRALS => {
+                    r.deferrals += 1;
+                    again.push(r);
+                }
+                Verdict::Deferred => {
+                    let _ = r.reply.send(Err(Error::CommitFailed {
+                        id: r.id,
+                        reason: "its row stayed locked by another transaction".into(),
+                    }));
+                }
+                Verdict::Reply(reply) => {
+                    let _ = r.reply.send(reply);
+                }
             }
-            // Idle: give the connections back.
-            _ = tokio::time::sleep(HOLD), if flying.is_empty() && pending.is_empty() && !idle.is_empty() => {
-                idle.clear();
+        }
+        (held, again)
+    }
+
+    /// Commits `reqs`, and when the database refuses the batch for what one row holds, splits
+    /// it in halves until that row is alone — then commits it as `stop`, naming the refusal,
+    /// so that it fails once instead of being reaped and rerun, and every other row commits.
+    async fn commit_isolating(
+        &self,
+        held: &mut Held,
+        reqs: &[CommitRequest],
+        notify: &[String],
+    ) -> Vec<Verdict> {
+        let batch: Vec<Commit<'_>> = reqs
+            .iter()
+            .map(|r| Commit {
+                id: r.id,
+                epoch: r.epoch,
+                output: &r.output,
+                run_ahead: r.run_ahead,
+                keep_state: r.keep_state,
+            })
+            .collect();
+        match self.commit_batch(held, &batch, notify).await {
+            Ok(done) => reqs
+                .iter()
+                .map(|r| {
+                    if done.deferred.contains(&r.id) {
+                        Verdict::Deferred
+                    } else {
+                        Verdict::Reply(Ok(CommitReply::of(&done, r.id)))
+                    }
+                })
+                .collect(),
+            Err(e) if isolable(&e) && reqs.len() > 1 => {
+                let (a, b) = reqs.split_at(reqs.len() / 2);
+                let mut v = Box::pin(self.commit_isolating(held, a, notify)).await;
+                v.extend(Box::pin(self.commit_isolating(held, b, notify)).await);
+                v
             }
+            Err(e) if isolable(&e) && !reqs[0].keep_state => {
+                let r = &reqs[0];
+                tracing::warn!(target: "gen_durable::commit", id = r.id, error = %e,
+                "the database refused a step's outcome; the instance stops");
+                let output = StepOutput::stopped(refused(&e));
+                let stop = [Commit {
+                    id: r.id,
+                    epoch: r.epoch,
+                    output: &output,
+                    run_ahead: false,
+                    keep_state: true,
+                }];
+                match self.commit_batch(held, &stop, notify).await {
+                    Ok(done) if done.deferred.contains(&r.id) => vec![Verdict::Deferred],
+                    Ok(done) => vec![Verdict::Reply(Ok(CommitReply::of(&done, r.id)))],
+                    Err(e) => vec![Verdict::Reply(Err(Error::CommitFailed {
+                        id: r.id,
+                        reason: e.to_string(),
+                    }))],
+                }
+            }
+            Err(e) => reqs
+                .iter()
+                .map(|r| {
+                    Verdict::Reply(Err(Error::CommitFailed {
+                        id: r.id,
+                        reason: e.to_string(),
+                    }))
+                })
+                .collect(),
         }
     }
 }
@@ -245,117 +524,6 @@ enum Verdict {
     Deferred,
 }
 
-/// Commits one batch, answers each of its steps, and hands back the connection and the
-/// outcomes to try again.
-async fn commit_task(
-    shared: Arc<Shared>,
-    mut held: Held,
-    pending: Vec<CommitRequest>,
-) -> (Held, Vec<CommitRequest>) {
-    let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
-    queues.sort_unstable();
-    queues.dedup();
-    let notify = shared.notifier.claim(queues);
-    let started = std::time::Instant::now();
-    let verdicts = commit_isolating(&shared, &mut held, &pending, &notify).await;
-    let committed = verdicts
-        .iter()
-        .filter(|v| matches!(v, Verdict::Reply(Ok(r)) if r.committed))
-        .count();
-    shared.telemetry.emit(Event::CommitStop {
-        duration: started.elapsed(),
-        count: pending.len(),
-        committed,
-    });
-    let mut again = Vec::new();
-    for (mut r, v) in pending.into_iter().zip(verdicts) {
-        match v {
-            Verdict::Deferred if r.deferrals < MAX_DEFERRALS => {
-                r.deferrals += 1;
-                again.push(r);
-            }
-            Verdict::Deferred => {
-                let _ = r.reply.send(Err(Error::CommitFailed {
-                    id: r.id,
-                    reason: "its row stayed locked by another transaction".into(),
-                }));
-            }
-            Verdict::Reply(reply) => {
-                let _ = r.reply.send(reply);
-            }
-        }
-    }
-    (held, again)
-}
-
-/// Commits `reqs`, and when the database refuses the batch for what one row holds, splits
-/// it in halves until that row is alone — then commits it as `stop`, naming the refusal,
-/// so that it fails once instead of being reaped and rerun, and every other row commits.
-async fn commit_isolating(
-    shared: &Shared,
-    held: &mut Held,
-    reqs: &[CommitRequest],
-    notify: &[String],
-) -> Vec<Verdict> {
-    let batch: Vec<Commit<'_>> = reqs
-        .iter()
-        .map(|r| Commit {
-            id: r.id,
-            epoch: r.epoch,
-            output: &r.output,
-            run_ahead: r.run_ahead,
-            keep_state: r.keep_state,
-        })
-        .collect();
-    match commit_batch(shared, held, &batch, notify).await {
-        Ok(done) => reqs
-            .iter()
-            .map(|r| {
-                if done.deferred.contains(&r.id) {
-                    Verdict::Deferred
-                } else {
-                    Verdict::Reply(Ok(CommitReply::of(&done, r.id)))
-                }
-            })
-            .collect(),
-        Err(e) if isolable(&e) && reqs.len() > 1 => {
-            let (a, b) = reqs.split_at(reqs.len() / 2);
-            let mut v = Box::pin(commit_isolating(shared, held, a, notify)).await;
-            v.extend(Box::pin(commit_isolating(shared, held, b, notify)).await);
-            v
-        }
-        Err(e) if isolable(&e) && !reqs[0].keep_state => {
-            let r = &reqs[0];
-            tracing::warn!(target: "gen_durable::commit", id = r.id, error = %e,
-                "the database refused a step's outcome; the instance stops");
-            let output = StepOutput::stopped(refused(&e));
-            let stop = [Commit {
-                id: r.id,
-                epoch: r.epoch,
-                output: &output,
-                run_ahead: false,
-                keep_state: true,
-            }];
-            match commit_batch(shared, held, &stop, notify).await {
-                Ok(done) if done.deferred.contains(&r.id) => vec![Verdict::Deferred],
-                Ok(done) => vec![Verdict::Reply(Ok(CommitReply::of(&done, r.id)))],
-                Err(e) => vec![Verdict::Reply(Err(Error::CommitFailed {
-                    id: r.id,
-                    reason: e.to_string(),
-                }))],
-            }
-        }
-        Err(e) => reqs
-            .iter()
-            .map(|r| {
-                Verdict::Reply(Err(Error::CommitFailed {
-                    id: r.id,
-                    reason: e.to_string(),
-                }))
-            })
-            .collect(),
-    }
-}
 /// The next request, or None once the engine stops and every request is handled.
 async fn next_request(
     rx: &mut mpsc::Receiver<CommitRequest>,

@@ -2,9 +2,15 @@
 
 use std::time::Duration;
 
+use crate::engine::collector::CollectorConfig;
+use crate::engine::committer::CommitterConfig;
+use crate::engine::heartbeat::HeartbeatConfig;
+use crate::engine::listener::ListenerConfig;
+use crate::engine::reaper::ReaperConfig;
+use crate::engine::timeouts::TimeoutsConfig;
 use crate::error::{Error, Result};
 
-/// Per-queue settings (spec §7.2).
+/// Per-queue settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueConfig {
     /// Steps run at once on this node.
@@ -83,51 +89,65 @@ impl QueueConfig {
     }
 }
 
-/// Node-wide settings.
+/// Node-wide settings: the node, and each service's own. [`EngineConfig::default`] is
+/// the one home of every default; [`EngineConfig::validate`] checks them all at `start`.
 #[derive(Debug, Clone)]
 pub(crate) struct EngineConfig {
     pub(crate) node_id: String,
-    pub(crate) lease_ttl: Duration,
-    pub(crate) heartbeat_interval: Option<Duration>,
-    pub(crate) reaper_interval: Duration,
-    pub(crate) timeout_interval: Duration,
-    pub(crate) reaper: bool,
-    pub(crate) timeouts: bool,
-    pub(crate) commit_batch: usize,
-    pub(crate) collector: bool,
-    pub(crate) retention: Duration,
-    pub(crate) collector_interval: Duration,
-    pub(crate) collector_batch: usize,
+    /// Sends at most one wake-up per queue per window for committed outcomes.
+    pub(crate) notify_window: Duration,
+    pub(crate) committer: CommitterConfig,
+    pub(crate) heartbeat: HeartbeatConfig,
+    pub(crate) reaper: ReaperConfig,
+    pub(crate) timeouts: TimeoutsConfig,
+    pub(crate) collector: CollectorConfig,
+    pub(crate) listener: ListenerConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            node_id: default_node_id(),
+            notify_window: crate::notify::DEFAULT_WINDOW,
+            committer: CommitterConfig { batch: 512 },
+            heartbeat: HeartbeatConfig {
+                lease_ttl: Duration::from_secs(30),
+                interval: None,
+            },
+            reaper: ReaperConfig {
+                enabled: true,
+                interval: Duration::from_secs(1),
+                batch: 500,
+            },
+            timeouts: TimeoutsConfig {
+                enabled: true,
+                interval: Duration::from_secs(1),
+                batch: 1000,
+            },
+            collector: CollectorConfig {
+                enabled: true,
+                retention: Duration::from_secs(7 * 24 * 3600),
+                interval: Duration::from_secs(60),
+                batch: crate::store::pg::admin::GC_BATCH as usize,
+            },
+            listener: ListenerConfig {
+                backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+            },
+        }
+    }
 }
 
 impl EngineConfig {
-    pub(crate) fn heartbeat(&self) -> Duration {
-        self.heartbeat_interval.unwrap_or(self.lease_ttl / 3)
-    }
-
     pub(crate) fn validate(&self) -> Result<()> {
-        let bad = |why: &str| Err(Error::InvalidConfig(why.to_string()));
         if self.node_id.is_empty() {
-            return bad("node_id must not be empty");
+            return Err(Error::InvalidConfig("node_id must not be empty".into()));
         }
-        if self.lease_ttl < Duration::from_millis(100) {
-            return bad("lease_ttl must be at least 100 ms");
-        }
-        if self.heartbeat() >= self.lease_ttl || self.heartbeat().is_zero() {
-            return bad(
-                "the heartbeat interval must be greater than zero and shorter than lease_ttl",
-            );
-        }
-        if self.reaper_interval.is_zero() || self.timeout_interval.is_zero() {
-            return bad("reaper and timeout intervals must be greater than zero");
-        }
-        if self.commit_batch == 0 {
-            return bad("commit_batch must be at least 1");
-        }
-        if self.collector_interval.is_zero() || self.collector_batch == 0 {
-            return bad("the collector's interval and batch must be greater than zero");
-        }
-        Ok(())
+        self.committer.validate()?;
+        self.heartbeat.validate()?;
+        self.reaper.validate()?;
+        self.timeouts.validate()?;
+        self.collector.validate()
     }
 }
 

@@ -1,74 +1,126 @@
-//! The heartbeat service: one statement per tick extends every lease this node holds,
-//! and learns which of its steps were cancelled meanwhile. It also announces the node
-//! (its queues and FSM versions) for `gen_durable status`.
+//! The heartbeat: one statement per tick extends every lease this node holds, and learns
+//! which of its steps were cancelled meanwhile. It also announces the node (its queues
+//! and FSM versions) for `gen_durable status`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::engine::Shared;
+use crate::engine::service::Service;
+use crate::engine::shared::on_conn;
+use crate::engine::shared::{Claims, Db};
+use crate::error::{Error, Result};
 use crate::store::pg::{admin, lease, millis};
+use crate::telemetry::{Event, Telemetry};
 
 /// The longest gap between two announcements, so a node with a slow heartbeat still
 /// counts as live for `gen_durable status` (its window is 60 s).
 const ANNOUNCE_AT_LEAST_EVERY: Duration = Duration::from_secs(20);
 
-pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let every = shared.cfg.heartbeat().min(ANNOUNCE_AT_LEAST_EVERY);
-    let ttl = millis(shared.cfg.lease_ttl);
-    loop {
-        announce(&shared).await;
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+/// The heartbeat's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct HeartbeatConfig {
+    /// How long a claim holds a row without a heartbeat.
+    pub(crate) lease_ttl: Duration,
+    /// How often leases are extended (`None`: a third of `lease_ttl`).
+    pub(crate) interval: Option<Duration>,
+}
+
+impl HeartbeatConfig {
+    /// The interval in force.
+    pub(crate) fn every(&self) -> Duration {
+        self.interval.unwrap_or(self.lease_ttl / 3)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |why: &str| Err(Error::InvalidConfig(why.to_string()));
+        if self.lease_ttl < Duration::from_millis(100) {
+            return bad("lease_ttl must be at least 100 ms");
         }
-        let held: Vec<(i64, i64)> = {
-            let table = shared.leases.lock().expect("lease table");
-            table.iter().map(|(id, epoch)| (*id, *epoch)).collect()
-        };
-        if held.is_empty() {
-            continue;
+        if self.every() >= self.lease_ttl || self.every().is_zero() {
+            return bad(
+                "the heartbeat interval must be greater than zero and shorter than lease_ttl",
+            );
         }
-        let beat = async {
-            let mut conn = shared.conn().await?;
-            let rows = lease::heartbeat(
-                conn.get(),
-                &held,
-                ttl,
-                &shared.cfg.node_id,
-                shared.clock.now_param(),
-            )
-            .await?;
-            conn.finish().await?;
-            Ok::<_, crate::error::Error>(rows)
-        };
-        match beat.await {
-            Ok(rows) => {
-                if rows.len() < held.len() {
-                    tracing::debug!(target: "gen_durable::lease", held = held.len(), extended = rows.len(),
-                        "some leases were not extended: their rows finished, were reaped, or were locked by another transaction (extended at the next beat)");
-                }
-                for (id, _) in rows.iter().filter(|(_, cancel)| *cancel) {
-                    shared.cancel_step(*id);
-                }
-            }
-            Err(e) => tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat failed"),
-        }
+        Ok(())
     }
 }
 
-/// Tells `gen_durable status` which queues and FSM versions this node runs.
-async fn announce(shared: &Shared) {
-    if let Err(e) = admin::announce(
-        &shared.pool,
-        &shared.cfg.node_id,
-        &shared.queue_names,
-        &shared.fsms,
-        shared.clock.now_param(),
-    )
-    .await
-    {
-        tracing::warn!(target: "gen_durable::lease", error = %e, "node announcement failed");
+/// The heartbeat service.
+#[derive(Debug)]
+pub(crate) struct Heartbeat {
+    pub(crate) cfg: HeartbeatConfig,
+    pub(crate) db: Db,
+    pub(crate) telemetry: Telemetry,
+    pub(crate) node_id: String,
+    pub(crate) claims: Arc<Claims>,
+    /// What the node announces: its queues, and the `(name, version)` of its FSMs.
+    pub(crate) queues: Vec<String>,
+    pub(crate) fsms: Vec<(String, i32)>,
+}
+
+/// What one beat did.
+#[derive(Debug, Default)]
+pub(crate) struct Beat {
+    /// Leases held when it began.
+    pub(crate) held: usize,
+    /// Of those, leases extended (the others finished, were reaped, or were locked by
+    /// another transaction: extended at the next beat).
+    pub(crate) extended: usize,
+    /// Instances whose cancellation it saw; their steps' `ctx.cancelled()` resolved.
+    pub(crate) cancelled: Vec<i64>,
+}
+
+impl Service for Heartbeat {
+    const NAME: &'static str = "heartbeat";
+    type Report = Beat;
+
+    async fn run_once(&self) -> Result<Beat> {
+        let held = self.claims.leases();
+        let mut beat = Beat {
+            held: held.len(),
+            ..Beat::default()
+        };
+        if !held.is_empty() {
+            let ttl = millis(self.cfg.lease_ttl);
+            let (node, now) = (self.node_id.as_str(), self.db.now());
+            let held = &held;
+            let rows = on_conn!(self.db, |c| lease::heartbeat(c, held, ttl, node, now));
+            match rows {
+                Ok(rows) => {
+                    beat.extended = rows.len();
+                    beat.cancelled = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+                    for id in &beat.cancelled {
+                        self.claims.cancel_step(*id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat failed")
+                }
+            }
+        }
+        admin::announce(
+            &self.db.pool,
+            &self.node_id,
+            &self.queues,
+            &self.fsms,
+            self.db.now(),
+        )
+        .await?;
+        Ok(beat)
+    }
+
+    fn after(&self, beat: Beat) -> Duration {
+        if beat.held > 0 {
+            self.telemetry.emit(Event::LeasesExtended {
+                held: beat.held,
+                extended: beat.extended,
+                cancelled: beat.cancelled,
+            });
+        }
+        self.cfg.every().min(ANNOUNCE_AT_LEAST_EVERY)
+    }
+
+    fn after_error(&self) -> Duration {
+        self.cfg.every().min(ANNOUNCE_AT_LEAST_EVERY)
     }
 }

@@ -1,80 +1,121 @@
-//! The reaper service: takes back rows whose lease expired (spec §3.2, §7.3).
+//! The reaper: takes back rows whose lease expired. A row under its reap limit goes back
+//! to `runnable` (its step runs again, counted as a reap, not an attempt); one past it
+//! fails. Any number of nodes may reap at once: the statement locks with `SKIP LOCKED`.
 
-use std::sync::Arc;
+use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::engine::Shared;
+use crate::engine::service::Service;
+use crate::engine::shared::on_conn;
+use crate::engine::shared::Db;
 use crate::error::{Error, Result};
 use crate::store::pg::lease;
-use crate::telemetry::Event;
+use crate::telemetry::{Event, Telemetry};
 
-/// Rows reaped per statement; the reaper loops while batches come back full.
-const BATCH: i64 = 500;
+/// The reaper's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct ReaperConfig {
+    /// Whether this node reaps.
+    pub(crate) enabled: bool,
+    /// How often it looks for expired leases.
+    pub(crate) interval: Duration,
+    /// Rows reaped per statement; a pass goes on while batches come back full.
+    pub(crate) batch: i64,
+}
 
-pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(shared.cfg.reaper_interval) => {}
+impl ReaperConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.interval.is_zero() || self.batch < 1 {
+            return Err(Error::InvalidConfig(
+                "the reaper's interval and batch must be greater than zero".into(),
+            ));
         }
+        Ok(())
+    }
+}
+
+/// The reaper service.
+#[derive(Debug)]
+pub(crate) struct Reaper {
+    pub(crate) cfg: ReaperConfig,
+    pub(crate) db: Db,
+    pub(crate) telemetry: Telemetry,
+}
+
+/// What one pass reaped: `(id, failed)` per row, `failed` for a row past its reap limit.
+#[derive(Debug, Default)]
+pub(crate) struct Reaped {
+    pub(crate) rows: Vec<(i64, bool)>,
+}
+
+impl Service for Reaper {
+    const NAME: &'static str = "reaper";
+    type Report = Reaped;
+
+    async fn run_once(&self) -> Result<Reaped> {
+        let mut reaped = Reaped::default();
         loop {
-            let rows = match reap(&shared).await {
+            let rows = match self.reap().await {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(target: "gen_durable::reaper", error = %e, "reap failed; reaping row by row");
-                    one_by_one(&shared).await
+                    self.one_by_one().await
                 }
             };
-            if rows.is_empty() {
-                break;
+            let full = rows.len() as i64 == self.cfg.batch;
+            reaped.rows.extend(rows);
+            if !full {
+                return Ok(reaped);
             }
-            let full = rows.len() as i64 == BATCH;
-            let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
-            shared.telemetry.emit(Event::ReaperReaped {
+        }
+    }
+
+    fn after(&self, reaped: Reaped) -> Duration {
+        if !reaped.rows.is_empty() {
+            let ids: Vec<i64> = reaped.rows.iter().map(|(id, _)| *id).collect();
+            self.telemetry.emit(Event::ReaperReaped {
                 count: ids.len(),
                 ids,
             });
-            if !full {
-                break;
-            }
         }
+        self.cfg.interval
+    }
+
+    fn after_error(&self) -> Duration {
+        self.cfg.interval
+    }
+
+    fn first_wait(&self) -> Duration {
+        self.cfg.interval
     }
 }
 
-async fn reap(shared: &Shared) -> Result<Vec<(i64, bool)>> {
-    let mut conn = shared.conn().await?;
-    let rows = lease::reap(conn.get(), BATCH, shared.clock.now_param()).await?;
-    conn.finish().await?;
-    Ok(rows)
-}
+impl Reaper {
+    async fn reap(&self) -> Result<Vec<(i64, bool)>> {
+        let (batch, now) = (self.cfg.batch, self.db.now());
+        on_conn!(self.db, |c| lease::reap(c, batch, now))
+    }
 
-/// When a batch fails, one row must not stop the reaper (its row stays first in the
-/// reaper's order): reap each expired row alone, and leave the ones that fail — logged
-/// with their id — for an operator.
-async fn one_by_one(shared: &Shared) -> Vec<(i64, bool)> {
-    let now = shared.clock.now_param();
-    let ids = match lease::expired(&shared.pool, BATCH, now).await {
-        Ok(ids) => ids,
-        Err(e) => {
-            tracing::warn!(target: "gen_durable::reaper", error = %e, "listing expired leases failed");
-            return Vec::new();
-        }
-    };
-    let mut reaped = Vec::new();
-    for id in ids {
-        let one = async {
-            let mut conn = shared.conn().await?;
-            let rows = lease::reap_one(conn.get(), id, now).await?;
-            conn.finish().await?;
-            Ok::<_, Error>(rows)
-        };
-        match one.await {
-            Ok(rows) => reaped.extend(rows),
+    /// When a batch fails, one row must not stop the reaper (its row stays first in the
+    /// reaper's order): reap each expired row alone, and leave the ones that fail — logged
+    /// with their id — for an operator.
+    async fn one_by_one(&self) -> Vec<(i64, bool)> {
+        let now = self.db.now();
+        let ids = match lease::expired(&self.db.pool, self.cfg.batch, now).await {
+            Ok(ids) => ids,
             Err(e) => {
-                tracing::error!(target: "gen_durable::reaper", id, error = %e, "this row cannot be reaped")
+                tracing::warn!(target: "gen_durable::reaper", error = %e, "listing expired leases failed");
+                return Vec::new();
+            }
+        };
+        let mut reaped = Vec::new();
+        for id in ids {
+            match on_conn!(self.db, |c| lease::reap_one(c, id, now)) {
+                Ok(rows) => reaped.extend(rows),
+                Err(e) => {
+                    tracing::error!(target: "gen_durable::reaper", id, error = %e, "this row cannot be reaped")
+                }
             }
         }
+        reaped
     }
-    reaped
 }

@@ -1,0 +1,322 @@
+//! [`EngineBuilder`]: the engine's settings, checked and turned into running units.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::engine::collector::Collector;
+use crate::engine::committer::Committer;
+use crate::engine::config::EngineConfig;
+use crate::engine::heartbeat::Heartbeat;
+use crate::engine::listener::Listener;
+use crate::engine::picker::{Picker, Queue};
+use crate::engine::reaper::Reaper;
+use crate::engine::service;
+use crate::engine::shared::{Claims, Db, Shared};
+use crate::engine::timeouts::Timeouts;
+use crate::engine::{Engine, QueueConfig};
+use crate::error::{Error, Result};
+use crate::fsm::Fsm;
+use crate::notify::Notifier;
+use crate::registry::Registry;
+use crate::telemetry::{Event, EventHandler, Telemetry};
+
+impl EngineBuilder {
+    pub(crate) fn new(pool: PgPool) -> Self {
+        EngineBuilder {
+            pool,
+            queues: Vec::new(),
+            cfg: EngineConfig::default(),
+            clock: Clock::database(),
+            registry: Registry::linked(),
+            telemetry: Telemetry::default(),
+        }
+    }
+}
+
+/// Configures and starts an [`Engine`].
+#[derive(Debug)]
+#[must_use = "call .start() to run the engine"]
+pub struct EngineBuilder {
+    pool: PgPool,
+    queues: Vec<(String, QueueConfig)>,
+    cfg: EngineConfig,
+    clock: Clock,
+    registry: Registry,
+    telemetry: Telemetry,
+}
+
+impl EngineBuilder {
+    /// Runs queue `name` with `concurrency` steps at once and the default queue settings.
+    pub fn queue(self, name: impl Into<String>, concurrency: usize) -> Self {
+        self.queue_with(name, QueueConfig::new(concurrency))
+    }
+
+    /// Runs queue `name` with the given settings.
+    pub fn queue_with(mut self, name: impl Into<String>, cfg: QueueConfig) -> Self {
+        self.queues.push((name.into(), cfg));
+        self
+    }
+
+    /// How long a claim holds a row without a heartbeat (default 30 s).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.cfg.heartbeat.lease_ttl = ttl;
+        self
+    }
+
+    /// How often leases are extended (default `lease_ttl / 3`).
+    pub fn heartbeat_interval(mut self, every: Duration) -> Self {
+        self.cfg.heartbeat.interval = Some(every);
+        self
+    }
+
+    /// How often the reaper looks for expired leases (default 1 s).
+    pub fn reaper_interval(mut self, every: Duration) -> Self {
+        self.cfg.reaper.interval = every;
+        self
+    }
+
+    /// The longest the await-timeout sweep sleeps (default 1 s).
+    pub fn timeout_interval(mut self, every: Duration) -> Self {
+        self.cfg.timeouts.interval = every;
+        self
+    }
+
+    /// Turns the reaper on or off on this node (default on).
+    pub fn reaper(mut self, on: bool) -> Self {
+        self.cfg.reaper.enabled = on;
+        self
+    }
+
+    /// Turns the await-timeout sweep on or off on this node (default on).
+    pub fn await_timeouts(mut self, on: bool) -> Self {
+        self.cfg.timeouts.enabled = on;
+        self
+    }
+
+    /// Turns the collector of finished instances on or off on this node (default on).
+    pub fn collector(mut self, on: bool) -> Self {
+        self.cfg.collector.enabled = on;
+        self
+    }
+
+    /// How long `done`/`failed` rows are kept before the collector deletes them
+    /// (default 7 days, counted from their last update).
+    pub fn retention(mut self, keep: Duration) -> Self {
+        self.cfg.collector.retention = keep;
+        self
+    }
+
+    /// How often the collector runs (default 60 s) and how many rows one of its
+    /// statements deletes at most (default 1,000).
+    pub fn collector_schedule(mut self, every: Duration, batch: usize) -> Self {
+        self.cfg.collector.interval = every;
+        self.cfg.collector.batch = batch;
+        self
+    }
+
+    /// Sends at most one wake-up per queue per `window` for committed `next`/`replay`
+    /// outcomes (default 20 ms; zero: one per commit). See `Client::notify_window`.
+    pub fn notify_window(mut self, window: Duration) -> Self {
+        self.cfg.notify_window = window;
+        self
+    }
+
+    /// Most outcomes committed in one group commit (default 512).
+    pub fn commit_batch(mut self, n: usize) -> Self {
+        self.cfg.committer.batch = n;
+        self
+    }
+
+    /// This node's id, recorded as `locked_by` (default: host, pid and a counter).
+    pub fn node_id(mut self, id: impl Into<String>) -> Self {
+        self.cfg.node_id = id.into();
+        self
+    }
+
+    /// Registers FSM `T` explicitly (linked FSMs are known without it).
+    pub fn fsm<T: Fsm>(mut self) -> Self {
+        self.registry.register::<T>();
+        self
+    }
+
+    /// Runs only the FSMs of `registry` instead of every linked one.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Calls `handler` with every telemetry [`Event`].
+    pub fn on_event(mut self, handler: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        let h: EventHandler = Arc::new(handler);
+        self.telemetry.add(h);
+        self
+    }
+
+    /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Validates the configuration and starts every service.
+    pub async fn start(self) -> Result<Engine> {
+        self.validate()?;
+        let EngineBuilder {
+            pool,
+            queues,
+            cfg,
+            clock,
+            registry,
+            telemetry,
+        } = self;
+        let db = Db::new(pool.clone(), clock).await?;
+        let (names, versions) = registry.name_version_arrays();
+        let claims = Arc::new(Claims::default());
+        let notifier = Notifier::new(pool.clone(), cfg.notify_window);
+        let tracker = TaskTracker::new();
+
+        let (committer, committer_service) = Committer {
+            cfg: cfg.committer,
+            db: db.clone(),
+            node_id: cfg.node_id.clone(),
+            telemetry: telemetry.clone(),
+            notifier: notifier.clone(),
+        }
+        .start(&tracker);
+        let timeouts_wake = Arc::new(Notify::new());
+        let mut services = vec![service::start(
+            Heartbeat {
+                fsms: names
+                    .iter()
+                    .cloned()
+                    .zip(versions.iter().copied())
+                    .collect(),
+                queues: queues.iter().map(|(n, _)| n.clone()).collect(),
+                cfg: cfg.heartbeat.clone(),
+                db: db.clone(),
+                telemetry: telemetry.clone(),
+                node_id: cfg.node_id.clone(),
+                claims: claims.clone(),
+            },
+            &tracker,
+        )];
+        if cfg.reaper.enabled {
+            services.push(service::start(
+                Reaper {
+                    cfg: cfg.reaper,
+                    db: db.clone(),
+                    telemetry: telemetry.clone(),
+                },
+                &tracker,
+            ));
+        }
+        if cfg.timeouts.enabled {
+            services.push(service::start(
+                Timeouts {
+                    cfg: cfg.timeouts,
+                    db: db.clone(),
+                    telemetry: telemetry.clone(),
+                    wake: timeouts_wake.clone(),
+                },
+                &tracker,
+            ));
+        }
+        if cfg.collector.enabled {
+            services.push(service::start(
+                Collector {
+                    cfg: cfg.collector,
+                    db: db.clone(),
+                    telemetry: telemetry.clone(),
+                },
+                &tracker,
+            ));
+        }
+        let shared = Arc::new(Shared {
+            db,
+            node_id: cfg.node_id,
+            lease_ttl: cfg.heartbeat.lease_ttl,
+            registry,
+            names,
+            versions,
+            telemetry: telemetry.clone(),
+            claims: claims.clone(),
+            committer,
+            timeouts_wake,
+        });
+
+        let stop_picking = CancellationToken::new();
+        let (deadline_tx, deadline_rx) = watch::channel(None);
+        let mut wakes = HashMap::new();
+        let mut runners = Vec::new();
+        for (name, cfg) in queues {
+            let wake = Arc::new(Notify::new());
+            wakes.insert(name.clone(), wake.clone());
+            let picker = Picker::new(Queue {
+                name: Arc::from(name.as_str()),
+                cfg,
+                shared: shared.clone(),
+                wake,
+                draining: stop_picking.clone(),
+            });
+            runners.push(tracker.spawn(picker.run(stop_picking.clone(), deadline_rx.clone())));
+        }
+        services.push(
+            Listener {
+                cfg: cfg.listener,
+                pool,
+                telemetry,
+                claims,
+                queues: wakes.clone(),
+            }
+            .start(&tracker),
+        );
+        tracker.close();
+        Ok(Engine {
+            shared,
+            tracker,
+            stop_picking,
+            services,
+            committer: committer_service,
+            deadline: deadline_tx,
+            runners,
+            wakes,
+        })
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.cfg.validate()?;
+        if self.pool.options().get_max_connections() < 2 {
+            return Err(Error::InvalidConfig(
+                "the engine's pool needs at least 2 connections: one stays on LISTEN for wake-ups"
+                    .into(),
+            ));
+        }
+        if self.queues.is_empty() {
+            return Err(Error::InvalidConfig(
+                "an engine needs at least one queue: .queue(name, concurrency)".into(),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (name, q) in &self.queues {
+            q.validate(name)?;
+            if !seen.insert(name.clone()) {
+                return Err(Error::InvalidConfig(format!(
+                    "queue {name:?} is configured twice"
+                )));
+            }
+        }
+        if self.registry.iter().next().is_none() {
+            return Err(Error::InvalidConfig(
+                "no FSM to run: none is linked (#[durable_fsm] / #[durable_job]) and none was registered with .fsm::<T>()".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,148 @@
+//! The executor: runs a claimed row's step — or, with run-ahead, the chain of `next`
+//! steps one claim allows — and hands each outcome to the committer. It never writes to
+//! the database itself: the committer does, fenced by the claim's lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::engine::shared::Shared;
+use crate::registry::FsmEntry;
+use crate::runtime::{Outcome, StepInput};
+use crate::store::pg::claim;
+use crate::telemetry::Event;
+
+/// Runs one claimed row's step and commits its outcome; with run-ahead, goes on with
+/// the next steps under the same claim while they return `next`. Returns the delay of a
+/// committed `replay`, so the runner can pick it up on time rather than at the next poll.
+pub(crate) async fn run_step(
+    shared: Arc<Shared>,
+    row: claim::Claimed,
+    cancel: CancellationToken,
+    draining: CancellationToken,
+    queue: Arc<str>,
+) -> Option<Duration> {
+    let (id, epoch) = (row.id, row.lease_epoch);
+    let replay_after = match shared.registry.get(&row.fsm, row.fsm_version).copied() {
+        Some(entry) => {
+            let input = StepInput {
+                id,
+                step: row.step,
+                state: row.state,
+                attempt: row.attempt,
+                awaits: row.awaits,
+                inbox: row.inbox.0,
+                childs: row.childs.0,
+                now: row.now,
+                cancel: cancel.clone(),
+                pool: Some(shared.db.pool.clone()),
+            };
+            run_chain(&shared, &queue, entry, epoch, input, &draining).await
+        }
+        None => {
+            // Claims only ask for registered pairs; if this happens, leave it to the reaper.
+            tracing::error!(target: "gen_durable::step", id, fsm = %row.fsm, "claimed a row of an unregistered FSM");
+            None
+        }
+    };
+    shared.claims.unhold(id, epoch);
+    replay_after
+}
+
+/// The steps one claim runs: one, or several with run-ahead.
+async fn run_chain(
+    shared: &Shared,
+    queue: &Arc<str>,
+    entry: FsmEntry,
+    epoch: i64,
+    mut input: StepInput,
+    draining: &CancellationToken,
+) -> Option<Duration> {
+    let id = input.id;
+    loop {
+        let step = input.step.clone();
+        let span = tracing::info_span!("gen_durable.step", id, fsm = entry.name, step = %step, attempt = input.attempt);
+        // What a run-ahead step after this one will see of the inbox and children.
+        let (inbox, childs, cancel) = (
+            input.inbox.clone(),
+            input.childs.clone(),
+            input.cancel.clone(),
+        );
+        let output = entry.run(input).instrument(span).await;
+        let kind = output.outcome.kind();
+        let parks_with_timeout = matches!(
+            output.outcome,
+            Outcome::Await {
+                timeout: Some(_),
+                ..
+            }
+        );
+        let replay_after = match output.outcome {
+            Outcome::Replay { delay } => Some(delay),
+            _ => None,
+        };
+        // Never run ahead into a drain or a cancellation: hand the row back instead.
+        let run_ahead = output.run_ahead && !draining.is_cancelled() && !cancel.is_cancelled();
+        let next = match (&output.outcome, run_ahead) {
+            (Outcome::Next { step }, true) => {
+                Some((*step, output.state.clone(), output.awaited.clone()))
+            }
+            _ => None,
+        };
+        let duration = output.duration;
+        match shared
+            .committer
+            .commit(queue, id, epoch, output, run_ahead)
+            .await
+        {
+            Ok(reply) if reply.committed => {
+                if parks_with_timeout {
+                    shared.timeouts_wake.notify_one();
+                }
+                shared.telemetry.emit(Event::StepStop {
+                    duration,
+                    id,
+                    fsm: entry.name,
+                    step,
+                    kind,
+                });
+                match next {
+                    Some((step, state, consumed)) if reply.continued => {
+                        input = StepInput {
+                            id,
+                            step: step.to_string(),
+                            state,
+                            attempt: 0,
+                            awaits: Vec::new(),
+                            inbox: inbox
+                                .into_iter()
+                                .filter(|s| !consumed.contains(&s.id))
+                                .collect(),
+                            childs,
+                            now: reply.now.unwrap_or_else(chrono::Utc::now),
+                            cancel,
+                            pool: Some(shared.db.pool.clone()),
+                        };
+                    }
+                    _ => return replay_after,
+                }
+            }
+            Ok(_) => {
+                shared.telemetry.emit(Event::LeaseLost {
+                    id,
+                    fsm: entry.name,
+                    step,
+                    kind,
+                });
+                return None;
+            }
+            Err(e) => {
+                tracing::error!(target: "gen_durable::step", id, error = %e,
+                    "outcome not committed; the step will run again once its lease expires");
+                return None;
+            }
+        }
+    }
+}

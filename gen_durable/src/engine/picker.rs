@@ -1,0 +1,408 @@
+//! One queue on one node: the picker claims runnable rows into a local buffer and hands
+//! them to the executor as slots free up; at shutdown it drains. The picker owns its
+//! buffer and in-flight set; nothing is shared but the claims table the heartbeat reads.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::executor::run_step;
+use crate::engine::shared::on_conn;
+use crate::engine::shared::Shared;
+use crate::engine::QueueConfig;
+use crate::error::{Error, Result};
+use crate::store::pg::{claim, lease, UNIQUE_VIOLATION};
+use crate::telemetry::Event;
+
+/// How a queue drained.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueDrain {
+    /// The queue.
+    pub queue: String,
+    /// Buffered rows released to `runnable` at once.
+    pub released: usize,
+    /// Steps running when the drain began.
+    pub in_flight: usize,
+    /// Of those, steps still running at the deadline, cancelled and released.
+    pub cancelled: usize,
+}
+
+/// One queue of this node: what its claims and steps need.
+pub(crate) struct Queue {
+    pub(crate) name: Arc<str>,
+    pub(crate) cfg: QueueConfig,
+    pub(crate) shared: Arc<Shared>,
+    /// Notified to pick now (a wake-up notification, or `Engine::wake`).
+    pub(crate) wake: Arc<Notify>,
+    /// Cancelled when the engine stops picking: running steps then stop running ahead.
+    pub(crate) draining: CancellationToken,
+}
+
+/// A claim in flight, beside the picker's loop: finished steps are collected and their
+/// slots refilled from the buffer while it runs. Yields the demand and the rows.
+type Claiming = Pin<Box<dyn Future<Output = (usize, Result<Vec<claim::Claimed>>)> + Send>>;
+
+/// A step running on this queue.
+struct Running {
+    id: i64,
+    epoch: i64,
+    cancel: CancellationToken,
+    /// The row has a partition key, which its end frees.
+    partitioned: bool,
+}
+
+/// The claim loop of one queue.
+pub(crate) struct Picker {
+    queue: Arc<Queue>,
+    /// Claimed rows waiting for a free slot.
+    buffer: VecDeque<claim::Claimed>,
+    /// The steps running, each returning the delay of a committed `replay`.
+    tasks: JoinSet<Option<Duration>>,
+    running: HashMap<tokio::task::Id, Running>,
+    claiming: Option<Claiming>,
+    /// The poll interval now: doubles while claims come back empty.
+    poll: Duration,
+    /// Claim at the next turn of the loop.
+    pick_now: bool,
+    /// The last claim was full, or was not made: the queue may hold more.
+    maybe_more: bool,
+    /// The earliest `replay` this queue committed: claim then, not at the next poll.
+    wake_at: Option<Instant>,
+}
+
+impl Picker {
+    pub(crate) fn new(queue: Queue) -> Self {
+        Picker {
+            poll: queue.cfg.poll_interval,
+            queue: Arc::new(queue),
+            buffer: VecDeque::new(),
+            tasks: JoinSet::new(),
+            running: HashMap::new(),
+            claiming: None,
+            pick_now: true,
+            maybe_more: true,
+            wake_at: None,
+        }
+    }
+
+    /// Claims and runs until `stop_picking`, then drains by `deadline`.
+    pub(crate) async fn run(
+        mut self,
+        stop_picking: CancellationToken,
+        deadline: watch::Receiver<Option<Instant>>,
+    ) -> QueueDrain {
+        let q = self.queue.clone();
+        loop {
+            self.dispatch();
+            if self.pick_now && self.claiming.is_none() && !stop_picking.is_cancelled() {
+                self.start_claim();
+            }
+            q.shared.telemetry.emit(Event::SchedulerSaturation {
+                in_flight: self.tasks.len(),
+                buffer: self.buffer.len(),
+                concurrency: q.cfg.concurrency,
+                prefetch: q.cfg.prefetch,
+                queue: q.name.to_string(),
+            });
+            let next_poll = Instant::now() + self.poll;
+            let sleep_until = self.wake_at.map_or(next_poll, |w| w.min(next_poll));
+            tokio::select! {
+                _ = stop_picking.cancelled() => break,
+                (demand, got) = in_flight(&mut self.claiming), if self.claiming.is_some() => {
+                    self.claiming = None;
+                    self.claimed(demand, got);
+                }
+                _ = q.wake.notified() => self.pick_now = true,
+                Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    self.finished(done).await;
+                }
+                _ = tokio::time::sleep_until(sleep_until) => {
+                    if self.wake_at.is_some_and(|w| w <= Instant::now()) {
+                        self.wake_at = None;
+                    }
+                    self.pick_now = true;
+                }
+            }
+        }
+        // A claim still in flight has taken its rows: buffer them, so the drain releases them.
+        if let Some(c) = self.claiming.take() {
+            if let (_, Ok(rows)) = c.await {
+                self.buffer.extend(rows);
+            }
+        }
+        self.drain(deadline).await
+    }
+
+    /// Starts a claim for the free slots, unless they are fewer than `min_demand`.
+    fn start_claim(&mut self) {
+        self.pick_now = false;
+        let cfg = &self.queue.cfg;
+        let demand =
+            (cfg.concurrency + cfg.prefetch).saturating_sub(self.tasks.len() + self.buffer.len());
+        if demand >= cfg.min_demand {
+            let q = self.queue.clone();
+            self.claiming = Some(Box::pin(async move { (demand, q.claim(demand).await) }));
+        } else {
+            // Not enough free slots to pick now; the queue may well hold more.
+            self.maybe_more = true;
+        }
+    }
+
+    /// A claim came back.
+    fn claimed(&mut self, demand: usize, got: Result<Vec<claim::Claimed>>) {
+        let cfg = &self.queue.cfg;
+        match got {
+            Ok(rows) => {
+                let count = rows.len();
+                self.buffer.extend(rows);
+                // A full claim: the queue may hold more, claim again at once.
+                self.maybe_more = count == demand;
+                self.pick_now |= self.maybe_more;
+                self.poll = if count == 0 {
+                    (self.poll * 2).min(cfg.max_poll_interval)
+                } else {
+                    cfg.poll_interval
+                };
+            }
+            Err(e) => {
+                tracing::warn!(target: "gen_durable::pick", queue = %self.queue.name, error = %e, "pick failed");
+                self.maybe_more = false;
+                self.poll = cfg.poll_interval;
+            }
+        }
+    }
+
+    /// A step ended. A group commit finishes many steps at once: collect every step that
+    /// is done by now, then refill their slots with one claim.
+    async fn finished(
+        &mut self,
+        done: std::result::Result<(tokio::task::Id, Option<Duration>), tokio::task::JoinError>,
+    ) {
+        tokio::task::yield_now().await;
+        let mut done = Some(done);
+        while let Some(d) = done.take().or_else(|| self.tasks.try_join_next_with_id()) {
+            let task_id = match d {
+                Ok((tid, replay)) => {
+                    if let Some(d) = replay {
+                        let at = Instant::now() + d;
+                        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+                    }
+                    tid
+                }
+                Err(e) => e.id(),
+            };
+            // A partition freed: the key's next row can run now, not at the next poll
+            // (a claim hands back all but one row of a key).
+            if self.running.remove(&task_id).is_some_and(|r| r.partitioned) {
+                self.pick_now = true;
+            }
+        }
+        self.pick_now |= self.maybe_more || !self.buffer.is_empty();
+    }
+
+    /// Fills the free slots from the buffer.
+    fn dispatch(&mut self) {
+        let q = &self.queue;
+        while self.tasks.len() < q.cfg.concurrency {
+            let Some(row) = self.buffer.pop_front() else {
+                break;
+            };
+            let cancel = CancellationToken::new();
+            let (id, epoch, partitioned) = (row.id, row.lease_epoch, row.partitioned);
+            q.shared.claims.run(id, epoch, cancel.clone());
+            let handle = self.tasks.spawn(run_step(
+                q.shared.clone(),
+                row,
+                cancel.clone(),
+                q.draining.clone(),
+                q.name.clone(),
+            ));
+            self.running.insert(
+                handle.id(),
+                Running {
+                    id,
+                    epoch,
+                    cancel,
+                    partitioned,
+                },
+            );
+        }
+    }
+
+    /// The graceful drain: release the buffer at once; let running steps finish until
+    /// the deadline; then cancel them and release their rows.
+    async fn drain(mut self, mut deadline: watch::Receiver<Option<Instant>>) -> QueueDrain {
+        let q = self.queue.clone();
+        let buffered: Vec<(i64, i64)> = self.buffer.iter().map(|r| (r.id, r.lease_epoch)).collect();
+        let released = q.release(&buffered).await;
+        let in_flight = self.tasks.len();
+        let until = loop {
+            if let Some(t) = *deadline.borrow() {
+                break t;
+            }
+            if deadline.changed().await.is_err() {
+                break Instant::now();
+            }
+        };
+        let mut cancelled = 0;
+        loop {
+            tokio::select! {
+                done = self.tasks.join_next_with_id() => match done {
+                    None => break,
+                    Some(Ok((tid, _))) => { self.running.remove(&tid); }
+                    Some(Err(e)) => { self.running.remove(&e.id()); }
+                },
+                _ = tokio::time::sleep_until(until) => {
+                    // Past the deadline: ask steps to stop, then take them away and give
+                    // their rows back without counting an attempt.
+                    for r in self.running.values() {
+                        r.cancel.cancel();
+                    }
+                    self.tasks.abort_all();
+                    while self.tasks.join_next().await.is_some() {}
+                    let left: Vec<(i64, i64)> =
+                        self.running.values().map(|r| (r.id, r.epoch)).collect();
+                    cancelled = q.release(&left).await;
+                    break;
+                }
+            }
+        }
+        q.shared.telemetry.emit(Event::SchedulerDrain {
+            released,
+            in_flight,
+            queue: q.name.to_string(),
+        });
+        QueueDrain {
+            queue: q.name.to_string(),
+            released,
+            in_flight,
+            cancelled,
+        }
+    }
+}
+
+impl Queue {
+    /// One claim of up to `demand` rows; the rows join this node's claims table.
+    async fn claim(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+        let rows = self.claim_rows(demand).await?;
+        let count = rows.len();
+        // Rows are claimed (leases recorded in the database) but not yet known here.
+        if count > 0 {
+            fail::fail_point!("gd::after_claim");
+        }
+        self.shared.telemetry.emit(Event::PickStop {
+            count,
+            demand,
+            queue: self.name.to_string(),
+            worker: self.shared.node_id.clone(),
+        });
+        if let Some(first) = rows.first() {
+            self.contended(&first.contended.0);
+        }
+        for r in &rows {
+            self.shared.claims.hold(r.id, r.lease_epoch);
+        }
+        Ok(rows)
+    }
+
+    /// One claim statement, retried when two nodes race on a partition key (the loser's
+    /// whole statement fails on the partition index and claims nothing).
+    async fn claim_rows(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+        let shared = &self.shared;
+        let mut contended = 0;
+        loop {
+            let params = claim::ClaimParams {
+                queue: &self.name,
+                names: &shared.names,
+                versions: &shared.versions,
+                demand: demand as i64,
+                node: &shared.node_id,
+                lease_ttl_ms: crate::store::pg::millis(shared.lease_ttl),
+                now: shared.db.now(),
+            };
+            let params = &params;
+            match on_conn!(shared.db, |c| claim::claim(c, params)) {
+                Err(Error::Database(sqlx::Error::Database(db)))
+                    if db.code().as_deref() == Some(UNIQUE_VIOLATION) && contended < 5 =>
+                {
+                    // Another node claimed a row of the same key at the same moment: this
+                    // whole claim rolled back (nothing was taken), so just claim again.
+                    contended += 1;
+                    let key = db
+                        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                        .and_then(|e| e.detail())
+                        .and_then(partition_key_of)
+                        .unwrap_or_default();
+                    shared.telemetry.emit(Event::PartitionContended {
+                        count: 1,
+                        id: 0,
+                        fsm: String::new(),
+                        partition_key: key,
+                    });
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Reports rows a pick handed back because their partition was taken: one event
+    /// per key, naming its first row.
+    fn contended(&self, rows: &[claim::Contended]) {
+        let mut by_key: Vec<(&claim::Contended, usize)> = Vec::new();
+        for r in rows {
+            match by_key
+                .iter_mut()
+                .find(|(first, _)| first.partition_key == r.partition_key)
+            {
+                Some((_, n)) => *n += 1,
+                None => by_key.push((r, 1)),
+            }
+        }
+        for (first, count) in by_key {
+            self.shared.telemetry.emit(Event::PartitionContended {
+                count,
+                id: first.id,
+                fsm: first.fsm.clone(),
+                partition_key: first.partition_key.clone(),
+            });
+        }
+    }
+
+    /// Gives claimed rows back to `runnable` without counting an attempt.
+    async fn release(&self, leases: &[(i64, i64)]) -> usize {
+        if leases.is_empty() {
+            return 0;
+        }
+        let shared = &self.shared;
+        for &(id, epoch) in leases {
+            shared.claims.unhold(id, epoch);
+        }
+        let (node, now) = (shared.node_id.as_str(), shared.db.now());
+        match on_conn!(shared.db, |c| lease::release(c, leases, node, now)) {
+            Ok(ids) => ids.len(),
+            Err(e) => {
+                tracing::warn!(target: "gen_durable::scheduler", error = %e, "release failed; rows return when their leases expire");
+                0
+            }
+        }
+    }
+}
+
+/// The claim in flight (only polled while there is one).
+async fn in_flight(claiming: &mut Option<Claiming>) -> (usize, Result<Vec<claim::Claimed>>) {
+    claiming.as_mut().expect("a claim").await
+}
+
+/// The key in Postgres' unique-violation detail, `Key (partition_key)=(acct:1) already exists.`
+fn partition_key_of(detail: &str) -> Option<String> {
+    let rest = detail.strip_prefix("Key (partition_key)=(")?;
+    let end = rest.rfind(") already exists")?;
+    Some(rest[..end].to_string())
+}

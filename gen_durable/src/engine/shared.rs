@@ -1,0 +1,179 @@
+//! What the units of one engine share: the database handle every statement goes
+//! through ([`Db`]), the node's table of the claims it holds ([`Claims`]), and what the
+//! step path needs ([`Shared`]: pickers, executor and committer).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::engine::committer::CommitterHandle;
+use crate::error::Result;
+use crate::registry::Registry;
+use crate::telemetry::Telemetry;
+
+/// The engine's way to the database: its pool, its clock (`$now` of every statement) and
+/// the isolation its statements need.
+#[derive(Debug, Clone)]
+pub(crate) struct Db {
+    pub(crate) pool: PgPool,
+    pub(crate) clock: Clock,
+    /// The database's default isolation is not READ COMMITTED: run each engine statement
+    /// in a transaction that sets it (see [`Db::conn`]).
+    pub(crate) set_isolation: bool,
+}
+
+impl Db {
+    /// The handle for `pool`: learns the database's default isolation once.
+    pub(crate) async fn new(pool: PgPool, clock: Clock) -> Result<Db> {
+        let level: String =
+            sqlx::query_scalar("SELECT current_setting('default_transaction_isolation')")
+                .fetch_one(&pool)
+                .await?;
+        Ok(Db {
+            pool,
+            clock,
+            set_isolation: level != "read committed",
+        })
+    }
+
+    /// `$now` for a statement: the manual clock's time, or NULL for the database's.
+    pub(crate) fn now(&self) -> Option<DateTime<Utc>> {
+        self.clock.now_param()
+    }
+
+    /// A connection for one engine statement, at READ COMMITTED whatever the database's
+    /// default: every engine statement relies on it (each statement of the commit
+    /// function sees what committed before it; a locking read follows a row's newest
+    /// version instead of failing with a serialization error).
+    pub(crate) async fn conn(&self) -> Result<StatementConn> {
+        Ok(if self.set_isolation {
+            StatementConn::Transaction(self.pool.begin_with(BEGIN_READ_COMMITTED).await?)
+        } else {
+            StatementConn::Plain(self.pool.acquire().await?)
+        })
+    }
+}
+
+/// Runs one engine statement on a [`Db::conn`] and finishes it:
+/// `on_conn!(db, |c| lease::reap(c, batch, now))` evaluates to the statement's `Result`.
+macro_rules! on_conn {
+    ($db:expr, |$c:ident| $statement:expr) => {
+        async {
+            let mut conn = $db.conn().await?;
+            let out = {
+                let $c = conn.get();
+                $statement.await?
+            };
+            conn.finish().await?;
+            Ok::<_, $crate::error::Error>(out)
+        }
+        .await
+    };
+}
+pub(crate) use on_conn;
+
+/// Begins a READ COMMITTED transaction and takes its first snapshot, in one round trip.
+/// The snapshot makes a later `SET TRANSACTION ISOLATION LEVEL` fail at once, with
+/// PostgreSQL's "must be called before any query" (see `ctx.transaction()`).
+pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
+
+/// See [`Db::conn`]; finish it with [`StatementConn::finish`].
+#[derive(Debug)]
+pub(crate) enum StatementConn {
+    Plain(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    Transaction(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl StatementConn {
+    pub(crate) fn get(&mut self) -> &mut PgConnection {
+        match self {
+            StatementConn::Plain(c) => c,
+            StatementConn::Transaction(t) => t,
+        }
+    }
+
+    /// Commits the statement's transaction, if it has one.
+    pub(crate) async fn finish(self) -> Result<()> {
+        if let StatementConn::Transaction(t) = self {
+            t.commit().await?;
+        }
+        Ok(())
+    }
+}
+
+/// The claims this node holds: the leases the heartbeat extends, and the cancellation
+/// token of each step running here. Both are keyed by instance id and remember the epoch
+/// of the claim that registered them: only that claim removes them (see [`Claims::unhold`]).
+#[derive(Debug, Default)]
+pub(crate) struct Claims {
+    /// Every row this node holds a lease on (buffered or executing): id → epoch.
+    leases: Mutex<HashMap<i64, i64>>,
+    /// Every step running here: id → (epoch, its `ctx.cancelled()` token).
+    running: Mutex<HashMap<i64, (i64, CancellationToken)>>,
+}
+
+impl Claims {
+    /// Records the claim `(id, epoch)`: its lease is heartbeated from now on.
+    pub(crate) fn hold(&self, id: i64, epoch: i64) {
+        self.leases.lock().expect("lease table").insert(id, epoch);
+    }
+
+    /// Records that the claim `(id, epoch)` runs its step, cancelled through `token`.
+    pub(crate) fn run(&self, id: i64, epoch: i64, token: CancellationToken) {
+        self.running
+            .lock()
+            .expect("running table")
+            .insert(id, (epoch, token));
+    }
+
+    /// Forgets the claim `(id, epoch)` — and only that claim: a stale run of a row that
+    /// was reaped and claimed here again must not unregister the newer claim's lease (it
+    /// would go unheartbeated and be reaped in turn) nor its cancellation token.
+    pub(crate) fn unhold(&self, id: i64, epoch: i64) {
+        let mut leases = self.leases.lock().expect("lease table");
+        if leases.get(&id) == Some(&epoch) {
+            leases.remove(&id);
+        }
+        drop(leases);
+        let mut running = self.running.lock().expect("running table");
+        if running.get(&id).is_some_and(|(e, _)| *e == epoch) {
+            running.remove(&id);
+        }
+    }
+
+    /// Every lease held now, as `(id, epoch)`.
+    pub(crate) fn leases(&self) -> Vec<(i64, i64)> {
+        let table = self.leases.lock().expect("lease table");
+        table.iter().map(|(id, epoch)| (*id, *epoch)).collect()
+    }
+
+    /// Resolves `ctx.cancelled()` of the step running instance `id` here, if any.
+    pub(crate) fn cancel_step(&self, id: i64) {
+        if let Some((_, token)) = self.running.lock().expect("running table").get(&id) {
+            token.cancel();
+        }
+    }
+}
+
+/// What the step path (pickers, executor, committer) of one engine shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) db: Db,
+    pub(crate) node_id: String,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) registry: Registry,
+    /// The registry as the claim's parameters: the `(name, version)` pairs this node runs.
+    pub(crate) names: Vec<String>,
+    pub(crate) versions: Vec<i32>,
+    pub(crate) telemetry: Telemetry,
+    pub(crate) claims: Arc<Claims>,
+    pub(crate) committer: CommitterHandle,
+    /// Wakes the await-timeout sweep when a step parks with a timeout.
+    pub(crate) timeouts_wake: Arc<Notify>,
+}

@@ -1,0 +1,207 @@
+//! Each background service's `run_once`, on a real database.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gen_durable_testkit::TestDb;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+
+use crate::clock::Clock;
+use crate::engine::collector::Collector;
+use crate::engine::config::EngineConfig;
+use crate::engine::heartbeat::Heartbeat;
+use crate::engine::listener::{Heard, Listener};
+use crate::engine::reaper::Reaper;
+use crate::engine::service::Service;
+use crate::engine::shared::{Claims, Db};
+use crate::engine::timeouts::Timeouts;
+use crate::telemetry::{Event, Telemetry};
+
+/// A telemetry that keeps every event.
+fn recording() -> (Telemetry, Arc<Mutex<Vec<Event>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut t = Telemetry::default();
+    let s = seen.clone();
+    t.add(Arc::new(move |e: &Event| s.lock().unwrap().push(e.clone())));
+    (t, seen)
+}
+
+/// Inserts one row with `set` (a SET list for the UPDATE after the insert); its id.
+async fn row(pool: &PgPool, set: &str) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         VALUES ('F', 1, 's', '{}', 'q') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!("UPDATE gd_instances SET {set} WHERE id = $1"))
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+async fn status(pool: &PgPool, id: i64) -> String {
+    sqlx::query_scalar("SELECT status::text FROM gd_instances WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn each_service_does_one_pass_and_emits_its_event() {
+    let tdb = TestDb::new().await;
+    let pool = tdb.pool().clone();
+    let db = Db::new(pool.clone(), Clock::database()).await.unwrap();
+    let cfg = EngineConfig::default();
+    let (telemetry, seen) = recording();
+
+    // The reaper: an executing row whose lease expired goes back to runnable.
+    let expired = row(
+        &pool,
+        "status = 'executing', locked_by = 'gone', lease_epoch = 1,
+         lease_expires_at = now() - interval '1 second'",
+    )
+    .await;
+    let reaper = Reaper {
+        cfg: cfg.reaper.clone(),
+        db: db.clone(),
+        telemetry: telemetry.clone(),
+    };
+    let reaped = reaper.run_once().await.unwrap();
+    assert_eq!(reaped.rows, [(expired, false)]);
+    assert_eq!(status(&pool, expired).await, "runnable");
+    assert_eq!(reaper.after(reaped), cfg.reaper.interval);
+
+    // The await-timeout sweep: a parked row past its deadline becomes runnable; another,
+    // a minute ahead, is the next deadline.
+    let late = row(
+        &pool,
+        "status = 'awaiting_signal', awaits = '{paid}', await_deadline = now() - interval '1 second'",
+    )
+    .await;
+    row(
+        &pool,
+        "status = 'awaiting_signal', awaits = '{paid}', await_deadline = now() + interval '1 minute'",
+    )
+    .await;
+    let timeouts = Timeouts {
+        cfg: cfg.timeouts.clone(),
+        db: db.clone(),
+        telemetry: telemetry.clone(),
+        wake: Arc::new(Notify::new()),
+    };
+    let swept = timeouts.run_once().await.unwrap();
+    assert_eq!(swept.fired, 1);
+    assert!(swept.next_in.is_some_and(|d| d > Duration::from_secs(50)));
+    assert_eq!(status(&pool, late).await, "runnable");
+    assert_eq!(timeouts.after(swept), cfg.timeouts.interval);
+
+    // The collector: a row done for longer than the retention is deleted.
+    let old = row(
+        &pool,
+        "status = 'done', updated_at = now() - interval '8 days'",
+    )
+    .await;
+    let collector = Collector {
+        cfg: cfg.collector.clone(),
+        db: db.clone(),
+        telemetry: telemetry.clone(),
+    };
+    let collected = collector.run_once().await.unwrap();
+    assert_eq!(collected.deleted, 1);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_instances WHERE id = $1")
+        .bind(old)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    collector.after(collected);
+
+    // The heartbeat: the lease this node holds is extended, and its cancellation seen.
+    let held = row(
+        &pool,
+        "status = 'executing', locked_by = 'n1', lease_epoch = 3,
+         lease_expires_at = now() + interval '1 second', cancel_requested = true",
+    )
+    .await;
+    let claims = Arc::new(Claims::default());
+    claims.hold(held, 3);
+    let token = tokio_util::sync::CancellationToken::new();
+    claims.run(held, 3, token.clone());
+    let heartbeat = Heartbeat {
+        cfg: cfg.heartbeat.clone(),
+        db: db.clone(),
+        telemetry: telemetry.clone(),
+        node_id: "n1".into(),
+        claims: claims.clone(),
+        queues: vec!["q".into()],
+        fsms: vec![("F".into(), 1)],
+    };
+    let beat = heartbeat.run_once().await.unwrap();
+    assert_eq!((beat.held, beat.extended), (1, 1));
+    assert_eq!(beat.cancelled, [held]);
+    assert!(token.is_cancelled());
+    let ttl_left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM gd_instances WHERE id = $1",
+    )
+    .bind(held)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(ttl_left > 20.0, "extended to the 30 s lease, {ttl_left} s left");
+    heartbeat.after(beat);
+
+    let events = seen.lock().unwrap().clone();
+    assert!(events.contains(&Event::ReaperReaped {
+        count: 1,
+        ids: vec![expired]
+    }));
+    assert!(events.contains(&Event::AwaitTimedOut { count: 1 }));
+    assert!(events.contains(&Event::CollectorDeleted { count: 1 }));
+    assert!(events.contains(&Event::LeasesExtended {
+        held: 1,
+        extended: 1,
+        cancelled: vec![held]
+    }));
+    tdb.close().await;
+}
+
+#[tokio::test]
+async fn the_listener_wakes_the_queue_a_notification_names() {
+    let tdb = TestDb::new().await;
+    let pool = tdb.pool().clone();
+    let wake = Arc::new(Notify::new());
+    let listener = Listener {
+        cfg: EngineConfig::default().listener,
+        pool: pool.clone(),
+        telemetry: Telemetry::default(),
+        claims: Arc::new(Claims::default()),
+        queues: HashMap::from([("q".to_string(), wake.clone())]),
+    };
+    let mut conn = listener.connect().await.unwrap();
+    sqlx::query("SELECT pg_notify('gd_wake', 'q')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        listener.run_once(&mut conn).await.unwrap(),
+        Heard::Queue("q".into())
+    );
+    // The picker's wake-up is stored: it resolves at once.
+    tokio::time::timeout(Duration::from_secs(5), wake.notified())
+        .await
+        .expect("the queue was woken");
+    sqlx::query("SELECT pg_notify('gd_cancel', '42')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(listener.run_once(&mut conn).await.unwrap(), Heard::Cancel(42));
+    drop(conn);
+    tdb.close().await;
+}
