@@ -1,4 +1,4 @@
-//! Inserting instances and delivering signals (spec §4, §5). No engine is needed.
+//! Inserting instances and delivering signals. No engine is needed.
 
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
@@ -174,7 +174,7 @@ impl Client {
         }
     }
 
-    /// Cancels instance `id` (spec §5, "Client::cancel"): a runnable or parked instance
+    /// Cancels instance `id`: a runnable or parked instance
     /// is `failed` ("cancelled") at once; an executing one after its current step, whose
     /// `ctx.cancelled()` resolves meanwhile. Live children are cancelled with it.
     pub async fn cancel(&self, id: i64) -> Result<Cancelled> {

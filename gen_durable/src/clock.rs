@@ -1,6 +1,6 @@
 //! Where "now" comes from. Production uses the database's `now()`; tests may pin a
 //! manual clock that every time-dependent statement receives as `$now`
-//! (`coalesce($now, now())`, spec §3).
+//! (`coalesce($now, now())`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! What a step sees: its instance, its typed state, its inbox and children, and
-//! a transaction that commits with its outcome (spec §3.3).
+//! a transaction that commits with its outcome.
 
 use std::ops::{Deref, DerefMut};
 
@@ -34,7 +34,7 @@ impl Signal {
     }
 }
 
-/// A child instance as its parent sees it after `schedule_childs` (spec §6).
+/// A child instance as its parent sees it after `schedule_childs`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChildInfo {
     /// The child's id.

@@ -57,7 +57,7 @@ pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// What a step decided (spec §3.1). Build one with the constructors.
+/// What a step decided. Build one with the constructors.
 #[derive(Debug)]
 pub struct Step<F: Fsm> {
     pub(crate) kind: StepKind<F>,

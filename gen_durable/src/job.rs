@@ -1,4 +1,4 @@
-//! The job form (spec §2.2): a one-step FSM for plain background work.
+//! The job form: a one-step FSM for plain background work.
 
 use std::fmt;
 use std::time::Duration;

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 
 use crate::Status;
 
-/// Where and when a new instance runs, and what keeps it unique (spec §4).
+/// Where and when a new instance runs, and what keeps it unique.
 #[derive(Debug, Clone, Default)]
 pub struct InsertOptions {
     pub(crate) step: Option<String>,
@@ -22,7 +22,7 @@ pub struct InsertOptions {
 
 impl InsertOptions {
     /// The scope a `unique_key` holds in, as stored: the given one, or every
-    /// non-terminal status when a key is given without one (§4.1).
+    /// non-terminal status when a key is given without one.
     pub(crate) fn resolved_scope(&self) -> Option<Vec<Status>> {
         match (&self.unique_key, &self.unique_scope) {
             (None, _) => None,
@@ -65,12 +65,12 @@ macro_rules! insert_option_setters {
             self.$($field).+.priority = priority;
             self
         }
-        /// Instances sharing a partition key never run steps at the same time (§7.4).
+        /// Instances sharing a partition key never run steps at the same time.
         pub fn partition_key(mut self, key: impl Into<String>) -> Self {
             self.$($field).+.partition_key = Some(key.into());
             self
         }
-        /// At most one instance holds this key while its status is in the unique scope (§4.1).
+        /// At most one instance holds this key while its status is in the unique scope.
         pub fn unique_key(mut self, key: impl Into<String>) -> Self {
             self.$($field).+.unique_key = Some(key.into());
             self

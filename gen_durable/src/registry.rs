@@ -1,4 +1,4 @@
-//! Which FSMs this process can run, resolved from a row's `(fsm, fsm_version)` (spec §7.1).
+//! Which FSMs this process can run, resolved from a row's `(fsm, fsm_version)`.
 //!
 //! Every `#[durable_fsm]` / `#[durable_job]` type linked into the binary submits an
 //! [`FsmEntry`] through `inventory`; [`Registry::linked`] collects them, and

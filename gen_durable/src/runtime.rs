@@ -73,7 +73,7 @@ impl StepOutput {
     }
 }
 
-/// A type-erased step outcome (spec §3.1).
+/// A type-erased step outcome.
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// Go on at `step`, runnable now.

@@ -1,4 +1,4 @@
-//! The status of an instance (spec §3).
+//! The status of an instance.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! `gen_durable_bench`: the benchmark harness (issue 8).
+//! `gen_durable_bench`: the benchmark harness.
 //!
 //! ```sh
 //! cargo run --release -p gen_durable_bench                      # every scenario, with the ceiling

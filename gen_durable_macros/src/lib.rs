@@ -9,7 +9,7 @@
 //! token that says how to fix it; all errors are reported at once, and the item is
 //! still emitted so the rest of the crate keeps type-checking.
 //!
-//! # The checkout example (spec §2.1)
+//! # The checkout example
 //!
 //! ```
 //! use gen_durable::prelude::*;
@@ -62,7 +62,7 @@
 //! assert_eq!(err.to_string(), "state.order: expected u64, found string");
 //! ```
 //!
-//! # The job form (spec §2.2)
+//! # The job form
 //!
 //! ```
 //! use gen_durable::prelude::*;

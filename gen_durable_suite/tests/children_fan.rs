@@ -1,4 +1,4 @@
-//! Children (spec §6): fan-out with the parent's park in one transaction, fan-in once
+//! Children: fan-out with the parent's park in one transaction, fan-in once
 //! per child, the barrier waits for termination, nesting.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Bad input gets a typed error that says what was wrong, and writes nothing (spec §11).
+//! Bad input gets a typed error that says what was wrong, and writes nothing.
 
 mod common;
 

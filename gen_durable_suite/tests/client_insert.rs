@@ -1,4 +1,4 @@
-//! `Client::insert` and `insert_all` on real Postgres (spec §4, §4.1).
+//! `Client::insert` and `insert_all` on real Postgres.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `Client::signal` on real Postgres (spec §5, the sending side).
+//! `Client::signal` on real Postgres (the sending side).
 
 mod common;
 

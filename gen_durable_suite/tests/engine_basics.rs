@@ -1,4 +1,4 @@
-//! The engine runs steps and commits each outcome as spec §3.1 says.
+//! The engine runs steps and commits each outcome as the outcome table says.
 
 mod common;
 

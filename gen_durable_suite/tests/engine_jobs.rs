@@ -1,4 +1,4 @@
-//! The job form through the engine (spec §2.2), on a manual clock so backoffs pass
+//! The job form through the engine, on a manual clock so backoffs pass
 //! without waiting.
 
 mod common;

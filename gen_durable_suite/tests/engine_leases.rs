@@ -1,4 +1,4 @@
-//! Leases, heartbeat, reaper and fencing (spec §3.2, §7.3), and the graceful drain (§7.5).
+//! Leases, heartbeat, reaper and fencing, and the graceful drain.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Run-ahead (issue 8): a `next` commits durably and the same worker runs the next step
+//! Run-ahead: a `next` commits durably and the same worker runs the next step
 //! under the claim it holds, without a re-pick.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Every telemetry event of spec §8 is observed with its fields.
+//! Every telemetry event is observed with its fields.
 
 mod common;
 

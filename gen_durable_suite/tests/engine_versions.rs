@@ -1,4 +1,4 @@
-//! Registry and versions (spec §7.1): a node claims only what it can run.
+//! Registry and versions: a node claims only what it can run.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The collector (spec §7.6): deletes only terminal rows older than the retention, in
+//! The collector: deletes only terminal rows older than the retention, in
 //! bounded batches, sparing children of a live parent; several nodes at once do no harm.
 
 mod common;

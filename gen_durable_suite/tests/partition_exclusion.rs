@@ -1,4 +1,4 @@
-//! Partitions (spec §7.4): instances sharing a `partition_key` never run steps at the same
+//! Partitions: instances sharing a `partition_key` never run steps at the same
 //! time across engines and nodes; other keys are not held back; no session lock.
 
 mod common;

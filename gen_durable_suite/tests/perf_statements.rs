@@ -1,4 +1,4 @@
-//! The statement-count test (issue 8): counts the statements the engine sends to
+//! The statement-count test: counts the statements the engine sends to
 //! Postgres and asserts the cost model of PERFORMANCE.md.
 //!
 //! - a pick is one statement whatever its size (1 vs 50 rows, each with a signal in

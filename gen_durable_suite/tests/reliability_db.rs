@@ -1,4 +1,4 @@
-//! Reliability against the database (issue 9): connections killed mid-step and
+//! Reliability against the database: connections killed mid-step and
 //! mid-commit, a lost LISTEN connection, tokio cancellation at every await.
 
 mod common;

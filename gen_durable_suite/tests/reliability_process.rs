@@ -1,4 +1,4 @@
-//! Reliability with real worker processes (issue 9): SIGKILL mid-step, an ambiguous
+//! Reliability with real worker processes: SIGKILL mid-step, an ambiguous
 //! commit, a worker paused past its lease, poison steps, and a SIGTERM drain.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Await and signals through the engine (spec §5): wake on a match, no lost wake-up,
+//! Await and signals through the engine: wake on a match, no lost wake-up,
 //! consumption by id, timeouts.
 
 mod common;

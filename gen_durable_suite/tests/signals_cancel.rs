@@ -1,4 +1,4 @@
-//! `Client::cancel` and `Client::retry` (issue 5).
+//! `Client::cancel` and `Client::retry`.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The operator CLI, `gen_durable` (spec §9). The binary in `src/bin/gen_durable.rs`
+//! The operator CLI, `gen_durable`. The binary in `src/bin/gen_durable.rs`
 //! only calls [`main`]; the commands live here, inside the library, because they read
 //! the store's statements (`store/pg/admin.rs`), which are not public.
 //!

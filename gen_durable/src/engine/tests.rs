@@ -154,7 +154,10 @@ async fn each_service_does_one_pass_and_emits_its_event() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(ttl_left > 20.0, "extended to the 30 s lease, {ttl_left} s left");
+    assert!(
+        ttl_left > 20.0,
+        "extended to the 30 s lease, {ttl_left} s left"
+    );
     heartbeat.after(beat);
 
     let events = seen.lock().unwrap().clone();
@@ -201,7 +204,10 @@ async fn the_listener_wakes_the_queue_a_notification_names() {
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(listener.run_once(&mut conn).await.unwrap(), Heard::Cancel(42));
+    assert_eq!(
+        listener.run_once(&mut conn).await.unwrap(),
+        Heard::Cancel(42)
+    );
     drop(conn);
     tdb.close().await;
 }

@@ -1,4 +1,4 @@
-//! `#[durable_job]`: an async fn as a one-step FSM (spec §2.2).
+//! `#[durable_job]`: an async fn as a one-step FSM.
 
 mod expand;
 mod parse;

@@ -1,4 +1,4 @@
-// The spec §2.1 example, verbatim but for the imports.
+// The README's checkout example, verbatim but for the imports.
 use gen_durable::prelude::*;
 use gen_durable::{durable_fsm, durable_steps};
 

@@ -1,5 +1,5 @@
 //! What operators run: the statements behind the `gen_durable` CLI (status, inspect,
-//! gc, migration state) and the node announcements that `status` reads (spec §9).
+//! gc, migration state) and the node announcements that `status` reads.
 //!
 //! None of these is on the hot path. They read with plain snapshots and write in
 //! bounded batches with `SKIP LOCKED`, so running them against a busy database holds
@@ -101,7 +101,7 @@ pub(crate) async fn queue_status<'e>(
 
 /// Live rows that no live node can run, by (queue, fsm, version): a node runs a row only
 /// if it picks from the row's queue *and* has registered its `(fsm, fsm_version)`
-/// (spec §7.1), so both must match one node. Executing rows are left out: a node holds
+///, so both must match one node. Executing rows are left out: a node holds
 /// them (the expired-lease report covers the ones whose node died). Parked rows are
 /// counted: nobody will run them when they wake. `live` is a CTE over a small table,
 /// and the per-row probe compares against arrays of a handful of nodes.
@@ -270,7 +270,7 @@ pub(crate) async fn inspect<'e>(
         .await?)
 }
 
-/// Deletes one batch of terminal rows last updated before `now - $1` (spec §7.6).
+/// Deletes one batch of terminal rows last updated before `now - $1`.
 ///
 /// - Bounded (`LIMIT $2`) and `SKIP LOCKED` in a MATERIALIZED CTE, the fence that makes
 ///   the limit bound the rows locked: many collectors (or a CLI next to the engine's

@@ -1,4 +1,4 @@
-//! Claiming runnable rows: the pick (spec §7.2).
+//! Claiming runnable rows: the pick.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -18,7 +18,7 @@ use crate::error::Result;
 ///   inserts, which take `KEY SHARE` on their target through the foreign key, don't wait.
 /// - Only `(fsm, fsm_version)` pairs this node has registered are claimed (`$2`, `$3`);
 ///   other rows stay runnable for a node that can run them.
-/// - Partitions (§7.4): a row whose key already has an executing row is skipped. The
+/// - Partitions: a row whose key already has an executing row is skipped. The
 ///   `NOT EXISTS` stands alone (a NULL key matches no row, so it needs no `OR … IS NULL`):
 ///   alone it is an anti-join, planned as a probe of the partial unique index per row
 ///   read; inside an `OR` it was a hash of every executing row of every queue on each

@@ -1,5 +1,5 @@
 //! Leases: the heartbeat that extends them, the reaper that takes back expired ones,
-//! the release of rows a draining worker gives up, and await deadlines (spec §7.3, §7.5).
+//! the release of rows a draining worker gives up, and await deadlines.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;

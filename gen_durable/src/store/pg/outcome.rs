@@ -1,4 +1,4 @@
-//! Committing step outcomes, many at once (group commit), fenced per row (spec §3.1, §7.3).
+//! Committing step outcomes, many at once (group commit), fenced per row.
 
 use std::collections::{HashMap, HashSet};
 
@@ -42,7 +42,7 @@ SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS 
 
 /// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0005)
 /// locks the rows (and the parents of the rows it ends) without waiting, fences each row
-/// in its update, applies the outcome table of §3.1, then — with a fresh snapshot, under
+/// in its update, applies the outcome table, then — with a fresh snapshot, under
 /// the row locks it now holds — deletes the whole inbox of the finished rows and wakes a
 /// parked `await` whose signal is already in. Why it is a function: see the migration.
 const APPLY: &str = r#"

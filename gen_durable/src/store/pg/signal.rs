@@ -7,7 +7,7 @@ use sqlx::PgExecutor;
 use crate::error::Result;
 use crate::Status;
 
-/// One statement (spec §5). `target` locks the instance row first, so delivery
+/// One statement. `target` locks the instance row first, so delivery
 /// serializes with any outcome commit on the same row (those lock it in their first
 /// statement): either the commit sees this signal when it decides to park, or this
 /// statement sees the parked row — never neither, so no wake-up is lost. Under READ
