@@ -18,7 +18,6 @@ use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-
 use tokio_util::task::TaskTracker;
 
 use crate::engine::service::ServiceHandle;

@@ -1,4 +1,6 @@
-//! Committing step outcomes, many at once (group commit), fenced per row.
+//! Committing step outcomes, many at once (group commit), fenced per row: [`commit`],
+//! with [`spawn_children`] for a batch that spawns children and [`Arrays`] for the commit
+//! function's parameters.
 
 use std::collections::{HashMap, HashSet};
 
@@ -116,129 +118,39 @@ pub(crate) async fn commit(
     now: Option<DateTime<Utc>>,
 ) -> Result<Committed> {
     let mut sorted = one_per_row(batch);
-    let mut spawned: HashMap<i64, i32> = HashMap::new();
-    let mut deferred: HashSet<i64> = HashSet::new();
+    let mut spawned = Spawned::default();
     if needs_transaction(batch) {
-        let ids: Vec<i64> = sorted.iter().map(|c| c.id).collect();
-        let epochs: Vec<i64> = sorted.iter().map(|c| c.epoch).collect();
-        let rows: Vec<(i64, bool, bool)> = sqlx::query_as(FENCE)
-            .bind(&ids)
-            .bind(&epochs)
-            .bind(node)
-            .fetch_all(&mut *conn)
-            .await?;
-        let fenced: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
-        let cancelled: HashSet<i64> = rows.iter().filter(|r| r.1 && r.2).map(|r| r.0).collect();
-        // Rows still ours that someone else holds are deferred; rows no longer ours are
-        // simply not committed. Neither reaches the apply, which must not commit a
-        // `schedule_childs` without its children.
-        deferred.extend(rows.iter().filter(|r| !r.1).map(|r| r.0));
-        sorted.retain(|c| fenced.contains(&c.id));
-        // Children first, so each parent's counter is what was actually inserted.
-        let mut children: Vec<NewInstance> = Vec::new();
-        let mut parents: Vec<Option<i64>> = Vec::new();
-        for c in sorted.iter().filter(|c| fenced.contains(&c.id)) {
-            if let Some(kids) = spawns(c, &cancelled) {
-                children.extend(kids.iter().cloned());
-                parents.extend(std::iter::repeat_n(Some(c.id), kids.len()));
-            }
-        }
-        if !children.is_empty() {
-            let mut queues: Vec<String> = children.iter().map(|r| r.queue.clone()).collect();
-            queues.sort();
-            queues.dedup();
-            let (_, inserted_parents) =
-                insert_with_parents(&mut *conn, &children, &parents, &queues, now).await?;
-            for p in inserted_parents.into_iter().flatten() {
-                *spawned.entry(p).or_default() += 1;
-            }
-        }
+        spawned = spawn_children(&mut *conn, node, &mut sorted, now).await?;
     }
-
     if sorted.is_empty() {
         return Ok(Committed {
-            deferred,
+            deferred: spawned.deferred,
             now,
             ..Committed::default()
         });
     }
-    let n = sorted.len();
-    let mut a_id = Vec::with_capacity(n);
-    let mut a_epoch = Vec::with_capacity(n);
-    let mut a_kind = Vec::with_capacity(n);
-    let mut a_step: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut a_state: Vec<Option<&Value>> = Vec::with_capacity(n);
-    let mut a_result: Vec<Option<&Value>> = Vec::with_capacity(n);
-    let mut a_error: Vec<Option<&str>> = Vec::with_capacity(n);
-    let mut a_delay: Vec<Option<i64>> = Vec::with_capacity(n);
-    let mut a_awaits: Vec<Option<String>> = Vec::with_capacity(n);
-    let mut a_children: Vec<i32> = Vec::with_capacity(n);
-    let mut a_run_ahead: Vec<bool> = Vec::with_capacity(n);
-    let mut consumed: Vec<i64> = Vec::new();
-    let mut seen: Vec<i64> = Vec::new();
-    for c in sorted {
-        let out = c.output;
-        let outcome = &out.outcome;
-        a_id.push(c.id);
-        a_epoch.push(c.epoch);
-        a_kind.push(outcome.kind());
-        a_state.push((!c.keep_state).then_some(&out.state));
-        a_error.push(match outcome {
-            Outcome::Stop { reason } => Some(reason.as_str()),
-            _ => out.error.as_deref(),
-        });
-        a_children.push(spawned.get(&c.id).copied().unwrap_or(0));
-        a_run_ahead.push(c.run_ahead && matches!(outcome, Outcome::Next { .. }));
-        let (step, result, delay, awaits) = match outcome {
-            Outcome::Next { step } => (Some(*step), None, None, None),
-            Outcome::Replay { delay } => (None, None, Some(millis(*delay)), None),
-            Outcome::Await {
-                names,
-                step,
-                timeout,
-            } => (
-                Some(*step),
-                None,
-                timeout.map(millis),
-                // Unit separator: cannot appear in a signal name worth awaiting.
-                Some(names.join("\u{1f}")),
-            ),
-            Outcome::ScheduleChilds { step, .. } => (Some(*step), None, None, None),
-            Outcome::Done { result } => (None, Some(result), None, None),
-            Outcome::Stop { .. } => (None, None, None, None),
-        };
-        a_step.push(step);
-        a_result.push(result);
-        a_delay.push(delay);
-        a_awaits.push(awaits);
-        match outcome {
-            Outcome::Next { .. } | Outcome::ScheduleChilds { .. } => {
-                consumed.extend_from_slice(&out.awaited)
-            }
-            Outcome::Await { .. } => seen.extend_from_slice(&out.awaited),
-            _ => {}
-        }
-    }
+    let a = Arrays::of(&sorted, &spawned.per_parent);
     let (committed, continued, at, later): (Vec<i64>, Vec<i64>, DateTime<Utc>, Vec<i64>) =
         sqlx::query_as(APPLY)
             .bind(node)
-            .bind(a_id)
-            .bind(a_epoch)
-            .bind(a_kind)
-            .bind(a_step)
-            .bind(a_state)
-            .bind(a_result)
-            .bind(a_error)
-            .bind(a_delay)
-            .bind(a_awaits)
-            .bind(a_children)
-            .bind(a_run_ahead)
-            .bind(consumed)
-            .bind(seen)
+            .bind(a.id)
+            .bind(a.epoch)
+            .bind(a.kind)
+            .bind(a.step)
+            .bind(a.state)
+            .bind(a.result)
+            .bind(a.error)
+            .bind(a.delay)
+            .bind(a.awaits)
+            .bind(a.children)
+            .bind(a.run_ahead)
+            .bind(a.consumed)
+            .bind(a.seen)
             .bind(notify)
             .bind(now)
             .fetch_one(&mut *conn)
             .await?;
+    let mut deferred = spawned.deferred;
     deferred.extend(later);
     Ok(Committed {
         fenced: committed.into_iter().collect(),
@@ -246,6 +158,147 @@ pub(crate) async fn commit(
         deferred,
         now: Some(at),
     })
+}
+
+/// What [`spawn_children`] did.
+#[derive(Debug, Default)]
+struct Spawned {
+    /// Children inserted, per parent id: each parent's counter is what was inserted.
+    per_parent: HashMap<i64, i32>,
+    /// Rows still this worker's that someone else held: left out of this commit.
+    deferred: HashSet<i64>,
+}
+
+/// The first two statements of a batch that spawns children, in its transaction: the
+/// fence, then one insert of every child. `sorted` keeps only the rows the fence locked;
+/// rows no longer this worker's are dropped (not committed), rows someone else holds are
+/// deferred. Neither reaches the apply, which must not commit a `schedule_childs`
+/// without its children.
+async fn spawn_children(
+    conn: &mut PgConnection,
+    node: &str,
+    sorted: &mut Vec<&Commit<'_>>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Spawned> {
+    let ids: Vec<i64> = sorted.iter().map(|c| c.id).collect();
+    let epochs: Vec<i64> = sorted.iter().map(|c| c.epoch).collect();
+    let rows: Vec<(i64, bool, bool)> = sqlx::query_as(FENCE)
+        .bind(&ids)
+        .bind(&epochs)
+        .bind(node)
+        .fetch_all(&mut *conn)
+        .await?;
+    let fenced: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
+    let cancelled: HashSet<i64> = rows.iter().filter(|r| r.1 && r.2).map(|r| r.0).collect();
+    let mut out = Spawned {
+        deferred: rows.iter().filter(|r| !r.1).map(|r| r.0).collect(),
+        ..Spawned::default()
+    };
+    sorted.retain(|c| fenced.contains(&c.id));
+    let mut children: Vec<NewInstance> = Vec::new();
+    let mut parents: Vec<Option<i64>> = Vec::new();
+    for c in sorted.iter() {
+        if let Some(kids) = spawns(c, &cancelled) {
+            children.extend(kids.iter().cloned());
+            parents.extend(std::iter::repeat_n(Some(c.id), kids.len()));
+        }
+    }
+    if !children.is_empty() {
+        let mut queues: Vec<String> = children.iter().map(|r| r.queue.clone()).collect();
+        queues.sort();
+        queues.dedup();
+        let (_, inserted_parents) =
+            insert_with_parents(&mut *conn, &children, &parents, &queues, now).await?;
+        for p in inserted_parents.into_iter().flatten() {
+            *out.per_parent.entry(p).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// The commit function's parameters: one array per column of the outcome table, in the
+/// batch's id order, plus the signals consumed and the signals an `await` saw.
+#[derive(Debug, Default)]
+struct Arrays<'x> {
+    id: Vec<i64>,
+    epoch: Vec<i64>,
+    kind: Vec<&'static str>,
+    step: Vec<Option<&'static str>>,
+    state: Vec<Option<&'x Value>>,
+    result: Vec<Option<&'x Value>>,
+    error: Vec<Option<&'x str>>,
+    delay: Vec<Option<i64>>,
+    awaits: Vec<Option<String>>,
+    children: Vec<i32>,
+    run_ahead: Vec<bool>,
+    consumed: Vec<i64>,
+    seen: Vec<i64>,
+}
+
+impl<'x> Arrays<'x> {
+    fn of(sorted: &[&'x Commit<'_>], spawned: &HashMap<i64, i32>) -> Self {
+        let n = sorted.len();
+        let mut a = Arrays {
+            id: Vec::with_capacity(n),
+            epoch: Vec::with_capacity(n),
+            kind: Vec::with_capacity(n),
+            step: Vec::with_capacity(n),
+            state: Vec::with_capacity(n),
+            result: Vec::with_capacity(n),
+            error: Vec::with_capacity(n),
+            delay: Vec::with_capacity(n),
+            awaits: Vec::with_capacity(n),
+            children: Vec::with_capacity(n),
+            run_ahead: Vec::with_capacity(n),
+            consumed: Vec::new(),
+            seen: Vec::new(),
+        };
+        for c in sorted {
+            let out: &'x StepOutput = c.output;
+            let outcome = &out.outcome;
+            a.id.push(c.id);
+            a.epoch.push(c.epoch);
+            a.kind.push(outcome.kind());
+            a.state.push((!c.keep_state).then_some(&out.state));
+            a.error.push(match outcome {
+                Outcome::Stop { reason } => Some(reason.as_str()),
+                _ => out.error.as_deref(),
+            });
+            a.children.push(spawned.get(&c.id).copied().unwrap_or(0));
+            a.run_ahead
+                .push(c.run_ahead && matches!(outcome, Outcome::Next { .. }));
+            let (step, result, delay, awaits) = match outcome {
+                Outcome::Next { step } => (Some(*step), None, None, None),
+                Outcome::Replay { delay } => (None, None, Some(millis(*delay)), None),
+                Outcome::Await {
+                    names,
+                    step,
+                    timeout,
+                } => (
+                    Some(*step),
+                    None,
+                    timeout.map(millis),
+                    // Unit separator: cannot appear in a signal name worth awaiting.
+                    Some(names.join("\u{1f}")),
+                ),
+                Outcome::ScheduleChilds { step, .. } => (Some(*step), None, None, None),
+                Outcome::Done { result } => (None, Some(result), None, None),
+                Outcome::Stop { .. } => (None, None, None, None),
+            };
+            a.step.push(step);
+            a.result.push(result);
+            a.delay.push(delay);
+            a.awaits.push(awaits);
+            match outcome {
+                Outcome::Next { .. } | Outcome::ScheduleChilds { .. } => {
+                    a.consumed.extend_from_slice(&out.awaited)
+                }
+                Outcome::Await { .. } => a.seen.extend_from_slice(&out.awaited),
+                _ => {}
+            }
+        }
+        a
+    }
 }
 
 #[cfg(test)]
