@@ -503,7 +503,7 @@ impl Store {
     }
 
     /// RETRY: a failed instance is runnable again at the step it failed in, now, with
-    /// `attempt` reset and nothing awaited — or awaits its children again if some are
+    /// `attempt` and `reaps` reset and nothing awaited — or awaits its children again if some are
     /// still live (`children_pending` recounted); a child re-arms its parent when the
     /// caller found it awaiting its children. `Err(())` if its unique key is taken
     /// meanwhile (the guard's unique index refuses the update).
@@ -534,6 +534,7 @@ impl Store {
             Status::Runnable
         };
         row.attempt = 0;
+        row.reaps = 0;
         row.children_pending = live;
         row.awaits.clear();
         row.await_deadline = None;

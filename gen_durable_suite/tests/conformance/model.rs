@@ -237,6 +237,21 @@ async fn check(ops: Vec<Op>) {
     pg.close().await;
 }
 
+/// Found by the model in CI: a retry gives a failed instance a fresh reap budget on both
+/// backends (the kit kept the reaps of the failed run, and failed the retried instance at
+/// its next lost lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_gives_a_fresh_reap_budget() {
+    check(vec![
+        Op::Waiter,
+        Op::LoseLease(0),
+        Op::Cancel(0),
+        Op::Retry(0),
+        Op::LoseLease(0),
+    ])
+    .await;
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 24,
