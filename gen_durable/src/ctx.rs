@@ -34,7 +34,7 @@ impl Signal {
     }
 }
 
-/// A child instance as its parent sees it after `schedule_childs`.
+/// A child instance as its parent sees it after `schedule_children`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChildInfo {
     /// The child's id.
@@ -62,7 +62,7 @@ pub struct StepContext {
     pub(crate) attempt: i32,
     pub(crate) awaited: Vec<Signal>,
     pub(crate) inbox: Vec<Signal>,
-    pub(crate) childs: Vec<ChildInfo>,
+    pub(crate) children: Vec<ChildInfo>,
     pub(crate) now: DateTime<Utc>,
     pub(crate) cancel: CancellationToken,
     pub(crate) pool: Option<PgPool>,
@@ -94,17 +94,27 @@ impl StepContext {
         self.attempt
     }
     /// The inbox signals whose names the last `await_signal` named. A progressing
-    /// outcome (`next`, `schedule_childs`) consumes exactly these, by id.
+    /// outcome (`next`, `schedule_children`) consumes exactly these, by id.
     pub fn awaited(&self) -> &[Signal] {
         &self.awaited
     }
     /// The whole inbox as it was when the step was claimed.
+    pub fn inbox(&self) -> &[Signal] {
+        &self.inbox
+    }
+    /// The whole inbox; renamed [`StepContext::inbox`].
+    #[deprecated(since = "0.1.0", note = "renamed `inbox()`")]
     pub fn all(&self) -> &[Signal] {
         &self.inbox
     }
-    /// After `schedule_childs`: every child with its status, state, result and error.
+    /// After `schedule_children`: every child with its status, state, result and error.
+    pub fn children(&self) -> &[ChildInfo] {
+        &self.children
+    }
+    /// Every child; renamed [`StepContext::children`].
+    #[deprecated(since = "0.1.0", note = "renamed `children()`")]
     pub fn childs(&self) -> &[ChildInfo] {
-        &self.childs
+        &self.children
     }
     /// The database's time when the step was claimed (the virtual clock in the testkit).
     pub fn now(&self) -> DateTime<Utc> {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::ctx::Ctx;
+use crate::kind::OutcomeKind;
 use crate::options::{insert_option_setters, InsertOptions};
 use crate::state::DurableState;
 
@@ -76,7 +77,7 @@ pub(crate) enum StepKind<F: Fsm> {
         next: F,
         timeout: Option<Duration>,
     },
-    ScheduleChilds {
+    ScheduleChildren {
         children: Vec<Child>,
         next: F,
     },
@@ -142,8 +143,14 @@ impl<F: Fsm> Step<F> {
     }
 
     /// Insert `children` and park until every one of them is terminal, then run `next`.
+    pub fn schedule_children(children: Vec<Child>, next: F) -> Self {
+        Step::of(StepKind::ScheduleChildren { children, next })
+    }
+
+    /// Renamed [`Step::schedule_children`].
+    #[deprecated(since = "0.1.0", note = "renamed `schedule_children`")]
     pub fn schedule_childs(children: Vec<Child>, next: F) -> Self {
-        Step::of(StepKind::ScheduleChilds { children, next })
+        Self::schedule_children(children, next)
     }
 
     /// Finish with `result`; the whole inbox is deleted.
@@ -156,21 +163,15 @@ impl<F: Fsm> Step<F> {
         Step::of(StepKind::Stop(reason.to_string()))
     }
 
-    /// The outcome's name as telemetry reports it: `next`, `replay`, `await`, …
-    pub fn kind_name(&self) -> &'static str {
-        self.kind.name()
-    }
-}
-
-impl<F: Fsm> StepKind<F> {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            StepKind::Next(_) => "next",
-            StepKind::Replay(_) => "replay",
-            StepKind::Await { .. } => "await",
-            StepKind::ScheduleChilds { .. } => "schedule_childs",
-            StepKind::Done(_) => "done",
-            StepKind::Stop(_) => "stop",
+    /// The outcome's kind, as telemetry reports it.
+    pub fn kind(&self) -> OutcomeKind {
+        match self.kind {
+            StepKind::Next(_) => OutcomeKind::Next,
+            StepKind::Replay(_) => OutcomeKind::Replay,
+            StepKind::Await { .. } => OutcomeKind::Await,
+            StepKind::ScheduleChildren { .. } => OutcomeKind::ScheduleChildren,
+            StepKind::Done(_) => OutcomeKind::Done,
+            StepKind::Stop(_) => OutcomeKind::Stop,
         }
     }
 }
@@ -256,7 +257,7 @@ pub fn backoff_capped(attempt: i32, cap: Duration) -> Duration {
     Duration::from_secs(1u64 << exp).min(cap)
 }
 
-/// A child instance to insert with [`Step::schedule_childs`]: any FSM, any insert options.
+/// A child instance to insert with [`Step::schedule_children`]: any FSM, any insert options.
 #[derive(Debug, Clone)]
 pub struct Child {
     pub(crate) fsm: &'static str,

@@ -15,8 +15,8 @@ pub type JobResult = Result<Value, JobError>;
 pub enum JobError {
     /// Try again after the backoff, until `max_attempts` runs have failed.
     Retry(String),
-    /// Fail the job now, without retrying.
-    Cancel(String),
+    /// Fail the job now, without retrying; the message is its `last_error`.
+    Fail(String),
 }
 
 impl JobError {
@@ -24,9 +24,14 @@ impl JobError {
     pub fn retry(err: impl fmt::Display) -> Self {
         JobError::Retry(err.to_string())
     }
-    /// A final error from anything displayable.
+    /// A final error from anything displayable (use with `map_err(JobError::fail)`).
+    pub fn fail(err: impl fmt::Display) -> Self {
+        JobError::Fail(err.to_string())
+    }
+    /// Renamed [`JobError::fail`] (it never meant `Client::cancel`).
+    #[deprecated(since = "0.1.0", note = "renamed `JobError::fail`")]
     pub fn cancel(err: impl fmt::Display) -> Self {
-        JobError::Cancel(err.to_string())
+        JobError::fail(err)
     }
 }
 
@@ -34,7 +39,7 @@ impl fmt::Display for JobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             JobError::Retry(m) => write!(f, "retry: {m}"),
-            JobError::Cancel(m) => write!(f, "cancelled: {m}"),
+            JobError::Fail(m) => write!(f, "failed: {m}"),
         }
     }
 }
@@ -84,7 +89,7 @@ impl RetryPolicy {
     pub fn outcome<F: Fsm>(&self, attempt: i32, result: JobResult) -> Step<F> {
         match result {
             Ok(value) => Step::done(value),
-            Err(JobError::Cancel(msg)) => Step::stop(format!("cancelled: {msg}")),
+            Err(JobError::Fail(msg)) => Step::stop(msg),
             Err(JobError::Retry(msg)) => self.retry_or_stop(attempt, msg),
         }
     }

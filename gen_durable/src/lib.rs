@@ -75,6 +75,7 @@ mod error;
 mod fsm;
 mod group_insert;
 mod job;
+mod kind;
 mod migrate;
 mod notify;
 mod options;
@@ -103,6 +104,7 @@ pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
 pub use job::{JobError, JobResult, RetryPolicy};
+pub use kind::OutcomeKind;
 pub use migrate::migrate;
 pub use options::InsertOptions;
 pub use registry::{FsmEntry, Registry};

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ctx::{ChildInfo, Ctx, Signal, StepContext};
 use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
+use crate::kind::OutcomeKind;
 use crate::options::InsertOptions;
 use crate::state::DurableState;
 use crate::validate;
@@ -35,7 +36,7 @@ pub struct StepInput {
     /// The whole inbox.
     pub inbox: Vec<Signal>,
     /// The children, if any.
-    pub childs: Vec<ChildInfo>,
+    pub children: Vec<ChildInfo>,
     /// The clock's time at claim.
     pub now: DateTime<Utc>,
     /// Cancelled on drain or instance cancel.
@@ -52,7 +53,7 @@ pub struct StepOutput {
     /// The state to commit.
     pub state: Value,
     /// Ids of the signals the step saw in `ctx.awaited()`. A progressing outcome (`next`,
-    /// `schedule_childs`) consumes them; an `await` does not count them as news, so a
+    /// `schedule_children`) consumes them; an `await` does not count them as news, so a
     /// step that re-awaits to accumulate parks until a signal it has not seen arrives.
     pub awaited: Vec<i64>,
     /// `last_error` to record with the outcome (a `stop` records its reason).
@@ -96,7 +97,7 @@ pub enum Outcome {
         timeout: Option<Duration>,
     },
     /// Insert the children and park until all are terminal, then run `step`.
-    ScheduleChilds {
+    ScheduleChildren {
         /// The children to insert.
         children: Vec<NewInstance>,
         /// Step to run when all are terminal.
@@ -115,15 +116,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The kind's name: `next · replay · await · schedule_childs · done · stop`.
-    pub fn kind(&self) -> &'static str {
+    /// Its kind.
+    pub fn kind(&self) -> OutcomeKind {
         match self {
-            Outcome::Next { .. } => "next",
-            Outcome::Replay { .. } => "replay",
-            Outcome::Await { .. } => "await",
-            Outcome::ScheduleChilds { .. } => "schedule_childs",
-            Outcome::Done { .. } => "done",
-            Outcome::Stop { .. } => "stop",
+            Outcome::Next { .. } => OutcomeKind::Next,
+            Outcome::Replay { .. } => OutcomeKind::Replay,
+            Outcome::Await { .. } => OutcomeKind::Await,
+            Outcome::ScheduleChildren { .. } => OutcomeKind::ScheduleChildren,
+            Outcome::Done { .. } => OutcomeKind::Done,
+            Outcome::Stop { .. } => OutcomeKind::Stop,
         }
     }
 
@@ -133,7 +134,7 @@ impl Outcome {
         match self {
             Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
             Outcome::Await { .. } => Status::AwaitingSignal,
-            Outcome::ScheduleChilds { .. } => Status::AwaitingChildren,
+            Outcome::ScheduleChildren { .. } => Status::AwaitingChildren,
             Outcome::Done { .. } => Status::Done,
             Outcome::Stop { .. } => Status::Failed,
         }
@@ -141,7 +142,7 @@ impl Outcome {
 }
 
 /// A row to insert, type-erased: what `insert`, `insert_all`, `insert_json` and
-/// `schedule_childs` all reduce to.
+/// `schedule_children` all reduce to.
 #[derive(Debug, Clone)]
 pub struct NewInstance {
     /// FSM name.
@@ -295,7 +296,7 @@ pub async fn run_erased<F: Fsm>(input: StepInput) -> StepOutput {
         attempt: input.attempt,
         awaited,
         inbox: input.inbox,
-        childs: input.childs,
+        children: input.children,
         now: input.now,
         cancel: input.cancel,
         pool: input.pool,
@@ -409,11 +410,11 @@ fn finish<F: Fsm>(
             step: next.step_name(),
             timeout,
         },
-        StepKind::ScheduleChilds { children, next } => {
+        StepKind::ScheduleChildren { children, next } => {
             let rows: Result<Vec<_>, String> =
                 children.into_iter().map(Child::into_new_instance).collect();
             match rows {
-                Ok(children) => Outcome::ScheduleChilds {
+                Ok(children) => Outcome::ScheduleChildren {
                     children,
                     step: next.step_name(),
                 },

@@ -35,6 +35,16 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in the order an instance can reach them.
+    pub const ALL: [Status; 6] = [
+        Status::Runnable,
+        Status::Executing,
+        Status::AwaitingSignal,
+        Status::AwaitingChildren,
+        Status::Done,
+        Status::Failed,
+    ];
+
     /// Every status that is not terminal: the default unique scope.
     pub const NON_TERMINAL: [Status; 4] = [
         Status::Runnable,
@@ -70,16 +80,9 @@ impl fmt::Display for Status {
 impl FromStr for Status {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            Status::Runnable,
-            Status::Executing,
-            Status::AwaitingSignal,
-            Status::AwaitingChildren,
-            Status::Done,
-            Status::Failed,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
-        .ok_or_else(|| format!("unknown status {s:?}"))
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown status {s:?}"))
     }
 }

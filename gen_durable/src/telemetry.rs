@@ -21,6 +21,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kind::OutcomeKind;
+
 /// A telemetry event.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -35,8 +37,8 @@ pub enum Event {
         fsm: &'static str,
         /// The step that ran.
         step: String,
-        /// `next · replay · await · schedule_childs · done · stop`.
-        kind: &'static str,
+        /// What the step decided.
+        kind: OutcomeKind,
     },
     /// A pick ran.
     PickStop {
@@ -109,7 +111,7 @@ pub enum Event {
         /// The step that ran.
         step: String,
         /// The outcome that was not committed.
-        kind: &'static str,
+        kind: OutcomeKind,
     },
     /// `lease.heartbeat`: one heartbeat of a node holding leases.
     LeasesExtended {
@@ -169,7 +171,7 @@ impl Telemetry {
                 step,
                 kind,
             } => tracing::debug!(
-                target: "gen_durable::step", duration_us = duration.as_micros() as u64, id, fsm, step, kind, "step.stop"),
+                target: "gen_durable::step", duration_us = duration.as_micros() as u64, id, fsm, step, kind = kind.as_str(), "step.stop"),
             Event::PickStop {
                 count,
                 demand,
@@ -212,7 +214,7 @@ impl Telemetry {
                 step,
                 kind,
             } => tracing::warn!(
-                target: "gen_durable::lease", id, fsm, step, kind, "lease.lost: outcome not committed"),
+                target: "gen_durable::lease", id, fsm, step, kind = kind.as_str(), "lease.lost: outcome not committed"),
             Event::LeasesExtended {
                 held,
                 extended,

@@ -174,17 +174,17 @@ impl FanParent {
         let kids: Vec<Child> = (0..ctx.state.n)
             .map(|i| Child::new::<Leaf>(BenchState { i, n: 0 }))
             .collect();
-        Ok(Step::schedule_childs(kids, FanParent::Sum))
+        Ok(Step::schedule_children(kids, FanParent::Sum))
     }
     async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        let total = ctx.childs().len();
+        let total = ctx.children().len();
         let done = ctx
-            .childs()
+            .children()
             .iter()
             .filter(|c| c.status == Status::Done)
             .count();
         let sum: i64 = ctx
-            .childs()
+            .children()
             .iter()
             .filter_map(|c| c.result.as_ref().and_then(|r| r.as_i64()))
             .sum();

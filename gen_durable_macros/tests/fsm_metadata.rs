@@ -138,7 +138,7 @@ fn input(step: &str, state: serde_json::Value, attempt: i32) -> StepInput {
         attempt,
         awaits: Vec::new(),
         inbox: Vec::new(),
-        childs: Vec::new(),
+        children: Vec::new(),
         now: chrono::Utc::now(),
         cancel: tokio_util::sync::CancellationToken::new(),
         pool: None,

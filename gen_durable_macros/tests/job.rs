@@ -17,7 +17,7 @@ struct WelcomeArgs {
 async fn send_welcome(args: WelcomeArgs, ctx: &mut JobCtx) -> JobResult {
     match args.email.as_str() {
         "flaky" => Err(JobError::retry("smtp timeout")),
-        "bad" => Err(JobError::cancel("no such address")),
+        "bad" => Err(JobError::fail("no such address")),
         "panic" => panic!("mailer bug"),
         _ => Ok(json!({ "sent": args.email, "attempt": ctx.attempt() })),
     }
@@ -41,7 +41,7 @@ fn input(email: &str, attempt: i32) -> StepInput {
         attempt,
         awaits: Vec::new(),
         inbox: Vec::new(),
-        childs: Vec::new(),
+        children: Vec::new(),
         now: chrono::Utc::now(),
         cancel: tokio_util::sync::CancellationToken::new(),
         pool: None,
@@ -116,7 +116,7 @@ async fn retry_replays_with_backoff_until_max_attempts() {
 async fn cancel_fails_at_once() {
     let out = run_erased::<SendWelcome>(input("bad", 0)).await;
     assert!(
-        matches!(&out.outcome, Outcome::Stop { reason } if reason == "cancelled: no such address"),
+        matches!(&out.outcome, Outcome::Stop { reason } if reason == "no such address"),
         "{out:?}"
     );
 }

@@ -1,6 +1,6 @@
 //! Fan-out and fan-in: a parent schedules N children (default 1,000) with
-//! `Step::schedule_childs`, parks until every one of them has ended, then reads their
-//! outcomes in `ctx.childs()` and aggregates them. A few children fail on purpose: the
+//! `Step::schedule_children`, parks until every one of them has ended, then reads their
+//! outcomes in `ctx.children()` and aggregates them. A few children fail on purpose: the
 //! barrier waits for the end of each child, not for its success, and the parent decides.
 //!
 //! ```sh
@@ -41,16 +41,16 @@ impl Batch {
             ctx.id(),
             children.len()
         );
-        Ok(Step::schedule_childs(children, Batch::Sum))
+        Ok(Step::schedule_children(children, Batch::Sum))
     }
 
     async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        let childs = ctx.childs();
-        let sum: u64 = childs
+        let children = ctx.children();
+        let sum: u64 = children
             .iter()
             .filter_map(|c| c.result.as_ref().and_then(|r| r["square"].as_u64()))
             .sum();
-        let failed: Vec<i64> = childs
+        let failed: Vec<i64> = children
             .iter()
             .filter(|c| c.status == Status::Failed)
             .map(|c| c.id)
@@ -58,11 +58,11 @@ impl Batch {
         println!(
             "  [{}] sum: {} children ended, {} failed; sum of squares {sum}",
             ctx.id(),
-            childs.len(),
+            children.len(),
             failed.len()
         );
         Ok(Step::done(json!({
-            "children": childs.len(),
+            "children": children.len(),
             "failed": failed.len(),
             "sum_of_squares": sum,
         })))

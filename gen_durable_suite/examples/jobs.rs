@@ -5,7 +5,7 @@
 //! - `sync_inventory` always fails: after `max_attempts = 3` runs it gives up and the
 //!   instance fails with the last error;
 //! - `send_receipt` to an address that cannot work ends at once with
-//!   `JobError::Cancel`, without retrying; the other receipts are sent.
+//!   `JobError::Fail`, without retrying; the other receipts are sent.
 //!
 //! ```sh
 //! cargo run --example jobs             # 20 receipts besides the three jobs above
@@ -19,7 +19,7 @@ mod common;
 use std::time::Duration;
 
 use gen_durable::prelude::*;
-use gen_durable::Event;
+use gen_durable::{Event, OutcomeKind};
 
 #[derive(DurableState, Serialize, Deserialize, Debug, Clone)]
 pub struct Charge {
@@ -72,7 +72,7 @@ pub struct Receipt {
 async fn send_receipt(args: Receipt, _ctx: &mut JobCtx) -> JobResult {
     if !args.email.contains('@') {
         println!("  send_receipt {}: not an address, cancelled", args.email);
-        return Err(JobError::cancel(format!(
+        return Err(JobError::fail(format!(
             "{:?} is not an email address",
             args.email
         )));
@@ -90,8 +90,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on_event(|e| {
             if let Event::StepStop { id, fsm, kind, .. } = e {
                 let what = match *kind {
-                    "replay" => "will retry after a backoff",
-                    "stop" => "failed for good",
+                    OutcomeKind::Replay => "will retry after a backoff",
+                    OutcomeKind::Stop => "failed for good",
                     _ => return,
                 };
                 println!("  [{id}] {fsm}: {what}");

@@ -177,13 +177,13 @@ impl FanParent {
         let children = (0..ctx.state.n)
             .map(|_| Child::new::<FanChild>(()))
             .collect();
-        Ok(Step::schedule_childs(children, FanParent::Sum))
+        Ok(Step::schedule_children(children, FanParent::Sum))
     }
 
     async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        let total = ctx.childs().len();
+        let total = ctx.children().len();
         let done = ctx
-            .childs()
+            .children()
             .iter()
             .filter(|c| c.status == Status::Done)
             .count();
@@ -267,12 +267,12 @@ pub enum WaitFan {
 impl WaitFan {
     async fn spawn(ctx: &mut Ctx<Self>) -> StepResult<Self> {
         let children = (0..ctx.state.n).map(|_| Child::new::<Waiter>(())).collect();
-        Ok(Step::schedule_childs(children, WaitFan::Sum))
+        Ok(Step::schedule_children(children, WaitFan::Sum))
     }
 
     async fn sum(ctx: &mut Ctx<Self>) -> StepResult<Self> {
         let done = ctx
-            .childs()
+            .children()
             .iter()
             .filter(|c| c.status == Status::Done)
             .count();

@@ -22,13 +22,13 @@ test_fsm!(Parent, state = Count, queue = "fan", version = 1, {
         let kids: Vec<Child> = (0..ctx.state.n)
             .map(|i| Child::new::<Leaf>(Count { n: if ctx.state.log.contains(&"fail-one".to_string()) && i == 1 { -1 } else { i }, ..Default::default() }))
             .collect();
-        Ok(Step::schedule_childs(kids, Parent::Sum))
+        Ok(Step::schedule_children(kids, Parent::Sum))
     },
     Sum => "sum" |ctx| {
-        let total = ctx.childs().len();
-        let done = ctx.childs().iter().filter(|c| c.status == gen_durable::Status::Done).count();
-        let failed = ctx.childs().iter().filter(|c| c.status == gen_durable::Status::Failed).count();
-        let sum: i64 = ctx.childs().iter().filter_map(|c| c.result.as_ref().and_then(|r| r.as_i64())).sum();
+        let total = ctx.children().len();
+        let done = ctx.children().iter().filter(|c| c.status == gen_durable::Status::Done).count();
+        let failed = ctx.children().iter().filter(|c| c.status == gen_durable::Status::Failed).count();
+        let sum: i64 = ctx.children().iter().filter_map(|c| c.result.as_ref().and_then(|r| r.as_i64())).sum();
         ctx.state.log.push("summed".into());
         Ok(Step::done(json!({ "total": total, "done": done, "failed": failed, "sum": sum })))
     },
@@ -36,25 +36,25 @@ test_fsm!(Parent, state = Count, queue = "fan", version = 1, {
 
 test_fsm!(Grand, state = Count, queue = "fan", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![
+        Ok(Step::schedule_children(vec![
             Child::new::<Parent>(Count { n: 2, ..Default::default() }),
             Child::new::<Parent>(Count { n: 3, ..Default::default() }),
         ], Grand::Sum))
     },
     Sum => "sum" |ctx| {
-        let sums: i64 = ctx.childs().iter().map(|c| c.result.as_ref().unwrap()["sum"].as_i64().unwrap()).sum();
-        Ok(Step::done(json!({ "children": ctx.childs().len(), "sum": sums })))
+        let sums: i64 = ctx.children().iter().map(|c| c.result.as_ref().unwrap()["sum"].as_i64().unwrap()).sum();
+        Ok(Step::done(json!({ "children": ctx.children().len(), "sum": sums })))
     },
 });
 
 test_fsm!(Dedup, state = Count, queue = "fan", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![
+        Ok(Step::schedule_children(vec![
             Child::new::<Leaf>(Count::default()).unique_key("same"),
             Child::new::<Leaf>(Count::default()).unique_key("same"),
         ], Dedup::Sum))
     },
-    Sum => "sum" |ctx| { Ok(Step::done(json!(ctx.childs().len()))) },
+    Sum => "sum" |ctx| { Ok(Step::done(json!(ctx.children().len()))) },
 });
 
 fn registry() -> Registry {

@@ -62,7 +62,7 @@ conformance! {
     outcomes::next_runs_steps_in_order_and_resets_attempt,
     outcomes::replay_waits_for_the_clock_and_counts_attempts,
     outcomes::await_parks_until_a_matching_signal,
-    outcomes::schedule_childs_with_no_children_continues_at_once,
+    outcomes::schedule_children_with_no_children_continues_at_once,
     outcomes::done_records_the_result_and_deletes_the_inbox,
     outcomes::stop_fails_keeping_attempt_and_deleting_the_inbox,
     outcomes::an_err_goes_to_handle,

@@ -81,7 +81,7 @@ async fn a_three_step_counter_reaches_done() {
         Some(r#"{"total": 111}"#)
     );
     assert_eq!(column(db.pool(), id, "locked_by").await, None);
-    let kinds: Vec<&str> = events
+    let kinds: Vec<gen_durable::OutcomeKind> = events
         .all()
         .iter()
         .filter_map(|e| match e {

@@ -26,8 +26,8 @@ async fn send_mail(args: MailArgs, ctx: &mut JobCtx) -> JobResult {
         "always" => Err(JobError::retry("smtp down")),
         "panic" if ctx.attempt() == 0 => panic!("mailer bug"),
         "panic" => Ok(json!("recovered")),
-        "bad" => Err(JobError::cancel("no such address")),
-        other => Err(JobError::cancel(format!("unknown mode {other}"))),
+        "bad" => Err(JobError::fail("no such address")),
+        other => Err(JobError::fail(format!("unknown mode {other}"))),
     }
 }
 
@@ -70,7 +70,7 @@ async fn jobs_finish_retry_with_backoff_give_up_and_cancel() {
     assert_eq!(finished(p, bad, 10).await, "failed");
     assert_eq!(
         column(p, bad, "last_error").await.as_deref(),
-        Some("cancelled: no such address")
+        Some("no such address")
     );
     assert_eq!(
         column(p, bad, "attempt").await.as_deref(),

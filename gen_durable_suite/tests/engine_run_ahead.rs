@@ -102,7 +102,7 @@ async fn five_steps_run_on_one_claim_and_each_commits() {
     );
     // One claim for five steps, and every step's outcome was committed (a step.stop each).
     assert_eq!(picks_for(&events), 1);
-    let kinds: Vec<&str> = events
+    let kinds: Vec<gen_durable::OutcomeKind> = events
         .all()
         .iter()
         .filter_map(|e| match e {

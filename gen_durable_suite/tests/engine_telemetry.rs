@@ -15,7 +15,7 @@ test_fsm!(AllKinds, state = Count, queue = "t", version = 1, {
         Ok(Step::next(AllKinds::Park))
     },
     Park => "park" |_ctx| { Ok(Step::await_signal(["go"], AllKinds::Fan)) },
-    Fan => "fan" |_ctx| { Ok(Step::schedule_childs(vec![Child::new::<Leaf>(Count::default())], AllKinds::End)) },
+    Fan => "fan" |_ctx| { Ok(Step::schedule_children(vec![Child::new::<Leaf>(Count::default())], AllKinds::End)) },
     End => "end" |_ctx| { Ok(Step::done(json!("end"))) },
 });
 
@@ -80,16 +80,23 @@ async fn step_pick_saturation_drain_and_reaper_events() {
             } => {
                 assert!(*fsm == "AllKinds" || *fsm == "Leaf");
                 assert!(*duration < Duration::from_secs(5));
-                Some(*kind)
+                Some(kind.as_str())
             }
             _ => None,
         })
         .collect();
     assert_eq!(
         kinds,
-        ["await", "done", "next", "replay", "schedule_childs", "stop"]
-            .into_iter()
-            .collect()
+        [
+            "await",
+            "done",
+            "next",
+            "replay",
+            "schedule_children",
+            "stop"
+        ]
+        .into_iter()
+        .collect()
     );
 
     let picks: Vec<(usize, usize, String, String)> = events

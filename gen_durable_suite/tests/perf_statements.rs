@@ -31,7 +31,7 @@ use sqlx::PgPool;
 use tokio::sync::Barrier;
 
 test_fsm!(Noop, state = Count, queue = "perf", version = 1, {
-    Run => "run" |ctx| { Ok(Step::done(json!(ctx.all().len()))) },
+    Run => "run" |ctx| { Ok(Step::done(json!(ctx.inbox().len()))) },
 });
 
 /// The barrier every `A` step waits on, so that all of them finish together and their

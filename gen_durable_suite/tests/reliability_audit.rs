@@ -550,7 +550,7 @@ test_fsm!(E1Kid, state = Count, queue = "e1", version = 1, {
 
 test_fsm!(E1Parent, state = Count, queue = "e1", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![
+        Ok(Step::schedule_children(vec![
             Child::new::<E1Kid>(Count { n: 1, ..Default::default() }),
             // C2 is held back: not eligible until the test says so.
             Child::new::<E1Kid>(Count { n: 2, ..Default::default() })
@@ -559,7 +559,7 @@ test_fsm!(E1Parent, state = Count, queue = "e1", version = 1, {
     },
     After => "after" |ctx| {
         E1_AFTER_RUNS.fetch_add(1, SeqCst);
-        let seen: Vec<_> = ctx.childs().iter()
+        let seen: Vec<_> = ctx.children().iter()
             .map(|c| json!({ "n": c.state["n"].clone(), "status": c.status.as_str() }))
             .collect();
         Ok(Step::done(json!(seen)))
@@ -686,10 +686,10 @@ test_fsm!(E19Kid, state = Count, queue = "e19", version = 1, {
 
 test_fsm!(E19Parent, state = Count, queue = "e19", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<E19Kid>(Count::default())], E19Parent::After))
+        Ok(Step::schedule_children(vec![Child::new::<E19Kid>(Count::default())], E19Parent::After))
     },
     After => "after" |ctx| {
-        let failed = ctx.childs().iter().filter(|c| c.status == Status::Failed).count();
+        let failed = ctx.children().iter().filter(|c| c.status == Status::Failed).count();
         Ok(Step::done(json!({ "failed": failed })))
     },
 });
@@ -786,11 +786,11 @@ test_fsm!(E1bKid, state = Count, queue = "e1b", version = 1, {
 
 test_fsm!(E1bParent, state = Count, queue = "e1b", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<E1bKid>(Count::default())], E1bParent::After))
+        Ok(Step::schedule_children(vec![Child::new::<E1bKid>(Count::default())], E1bParent::After))
     },
     After => "after" |ctx| {
         E1B_AFTER_RUNS.fetch_add(1, SeqCst);
-        Ok(Step::done(json!({ "children": ctx.childs().len() })))
+        Ok(Step::done(json!({ "children": ctx.children().len() })))
     },
 });
 
@@ -1093,9 +1093,9 @@ test_fsm!(E15Kid, state = Count, queue = "e15", version = 1, {
 
 test_fsm!(E15Parent, state = Count, queue = "e15", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<E15Kid>(Count::default())], E15Parent::After))
+        Ok(Step::schedule_children(vec![Child::new::<E15Kid>(Count::default())], E15Parent::After))
     },
-    After => "after" |ctx| { Ok(Step::done(json!({ "children": ctx.childs().len() }))) },
+    After => "after" |ctx| { Ok(Step::done(json!({ "children": ctx.children().len() }))) },
 });
 
 test_fsm!(E15Quick, state = Count, queue = "e15", version = 1, {
@@ -1520,7 +1520,7 @@ test_fsm!(E4Kid, state = Count, queue = "e4", version = 1, {
 test_fsm!(E4Parent, state = Count, queue = "e4", version = 1, {
     Spawn => "spawn" |ctx| {
         let round = ctx.state.n;
-        Ok(Step::schedule_childs(
+        Ok(Step::schedule_children(
             (0..5).map(|_| Child::new::<E4Kid>(Count { n: round, ..Default::default() })).collect(),
             E4Parent::After,
         ))

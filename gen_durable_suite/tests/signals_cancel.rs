@@ -31,7 +31,7 @@ test_fsm!(Long, state = Count, queue = "c", version = 1, {
 
 test_fsm!(Fans, state = Count, queue = "c", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<Parked>(Count::default()), Child::new::<Parked>(Count::default())], Fans::After))
+        Ok(Step::schedule_children(vec![Child::new::<Parked>(Count::default()), Child::new::<Parked>(Count::default())], Fans::After))
     },
     After => "after" |_ctx| { Ok(Step::done(json!(null))) },
 });

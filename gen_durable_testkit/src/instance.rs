@@ -46,7 +46,7 @@ pub struct Instance {
     pub unique_key: Option<String>,
     /// Parent, for a child.
     pub parent_id: Option<i64>,
-    /// Children not yet terminal (after `schedule_childs`).
+    /// Children not yet terminal (after `schedule_children`).
     pub children_pending: i32,
     /// The inbox, in id order.
     pub inbox: Vec<Signal>,

@@ -8,7 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
 use gen_durable::{
-    Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, InsertOptions, Registry, Result, Status,
+    Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, InsertOptions, OutcomeKind, Registry,
+    Result, Status,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -196,7 +197,7 @@ impl TestKit {
     }
 
     /// Inserts rows already type-erased (what `insert`, `insert_all` and
-    /// `schedule_childs` reduce to). Duplicates are dropped; returns the inserted ids.
+    /// `schedule_children` reduce to). Duplicates are dropped; returns the inserted ids.
     pub fn insert_rows(&mut self, rows: Vec<NewInstance>) -> Vec<i64> {
         let now = self.now();
         let rows = rows.into_iter().map(|r| (r, None)).collect();
@@ -384,7 +385,7 @@ impl TestKit {
     pub async fn run_until_idle(&mut self) -> Tally {
         let mut tally = Tally::default();
         let mut per_instance: HashMap<i64, usize> = HashMap::new();
-        let mut last: Vec<(i64, String, &'static str)> = Vec::new();
+        let mut last: Vec<(i64, String, OutcomeKind)> = Vec::new();
         loop {
             self.deliver_deferred();
             let now = self.now();
@@ -414,7 +415,7 @@ impl TestKit {
         tally
     }
 
-    fn runaway(&self, per_instance: &HashMap<i64, usize>, last: &[(i64, String, &'static str)]) {
+    fn runaway(&self, per_instance: &HashMap<i64, usize>, last: &[(i64, String, OutcomeKind)]) {
         let (id, n) = per_instance
             .iter()
             .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
@@ -438,7 +439,7 @@ impl TestKit {
 
     /// Claims `id`, runs its step through the FSM's entry, delivers signals sent while it
     /// ran, and commits its outcome. Returns the step and the committed kind.
-    async fn run_one(&mut self, id: i64, now: DateTime<Utc>) -> (String, &'static str) {
+    async fn run_one(&mut self, id: i64, now: DateTime<Utc>) -> (String, OutcomeKind) {
         let row = self.store.row_mut(id).expect("picked row exists");
         row.status = Status::Executing;
         let (fsm, version) = (row.fsm.clone(), row.version);
@@ -449,14 +450,14 @@ impl TestKit {
             attempt: row.attempt,
             awaits: row.awaits.clone(),
             inbox: Vec::new(),
-            childs: Vec::new(),
+            children: Vec::new(),
             now,
             cancel: CancellationToken::new(),
             pool: None,
         };
         let input = StepInput {
             inbox: self.store.inbox_of(id),
-            childs: self.store.child_infos(id),
+            children: self.store.child_infos(id),
             ..input
         };
         let step = input.step.clone();
@@ -485,7 +486,7 @@ impl TestKit {
     }
 
     /// The kinds committed for instance `id`, in order, from the `step.stop` events.
-    pub fn kinds(&self, id: i64) -> Vec<&'static str> {
+    pub fn kinds(&self, id: i64) -> Vec<OutcomeKind> {
         self.events
             .iter()
             .filter_map(|e| match e {

@@ -21,36 +21,58 @@ use tracing::span;
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
 
-/// The kind of a statement, from markers the engine's statements carry in their text:
-/// `claim`, `fence`, `apply` (the group commit), `insert`, `signal`, `heartbeat`, `reap`,
-/// `await_timeouts`, `announce`, `setup` (the engine's start), `notify`, `type_lookup`, `begin`, `commit`, `rollback`,
-/// `listen`, or `other`.
+/// The kinds a marker may name, in the engine's statements of `gen_durable/src/store/pg`
+/// (and its setup, the CLI's reads, and its `BEGIN`):
+///
+/// - `claim`: the pick; `fence`: the lock of a batch that spawns children; `apply`: the
+///   group commit (`gd_commit_outcomes`); `insert`: inserting instances; `signal`: a
+///   delivery; `notify`: a bare wake-up of a queue;
+/// - `heartbeat`: lease extension; `reap`: the reaper (and its list of expired rows);
+///   `release`: rows a draining worker gives back; `await_timeouts`: await deadlines
+///   (and the next one); `announce`: a node's announce and forget; `collect`: the
+///   collector's (and the CLI's `gc`) delete of terminal rows;
+/// - `cancel`: the statements of a cancel; `retry`: a retry;
+/// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
+///   does not log it); `admin`: the CLI's reads (status, inspect, schema state).
+pub const MARKED_KINDS: &[&str] = &[
+    "claim",
+    "fence",
+    "apply",
+    "insert",
+    "signal",
+    "notify",
+    "heartbeat",
+    "reap",
+    "release",
+    "await_timeouts",
+    "announce",
+    "collect",
+    "cancel",
+    "retry",
+    "setup",
+    "begin",
+    "admin",
+];
+
+/// The kind of a statement, from the marker comment every statement of gen_durable starts
+/// with: `/* gd:claim */ WITH picked AS MATERIALIZED …` is a `claim`. The kind is one of
+/// [`MARKED_KINDS`]; a marker naming anything else is `other`.
+///
+/// A statement without a marker is one sqlx sends itself: `begin`, `commit` or `rollback`
+/// (a transaction's), `listen` (`LISTEN`/`UNLISTEN` of a `PgListener`) or `type_lookup`
+/// (a custom type such as `gd_status` resolved from `pg_catalog` once per connection).
+/// Anything else is `other`: not the engine's, or a new statement without its marker.
 pub fn classify(sql: &str) -> &'static str {
     let s = sql.trim_start();
-    if s.contains("WITH picked AS MATERIALIZED") {
-        "claim"
-    } else if s.contains("WITH locked AS MATERIALIZED") {
-        "fence"
-    } else if s.contains("gd_commit_outcomes(") {
-        "apply"
-    } else if s.contains("INSERT INTO gd_instances") {
-        "insert"
-    } else if s.contains("INSERT INTO gd_signals") {
-        "signal"
-    } else if s.contains("SET lease_expires_at = coalesce($4") {
-        "heartbeat"
-    } else if s.contains("gd_reap(") {
-        "reap"
-    } else if s.contains("WITH due AS MATERIALIZED") || s.contains("min(await_deadline)") {
-        "await_timeouts"
-    } else if s.contains("gd_nodes") {
-        "announce"
-    } else if s.contains("current_setting('default_transaction_isolation')") {
-        "setup"
-    } else if s.starts_with("SELECT pg_notify(") {
-        "notify"
-    } else if s.contains("pg_catalog.pg_type") || s.contains("enumlabel") {
-        // sqlx resolving a custom type (gd_status) once per new connection.
+    if let Some(rest) = s.strip_prefix("/* gd:") {
+        let name = rest.split_once("*/").map_or("", |(name, _)| name.trim());
+        return MARKED_KINDS
+            .iter()
+            .find(|k| **k == name)
+            .copied()
+            .unwrap_or("other");
+    }
+    if s.contains("pg_catalog.") || s.starts_with("SELECT $1::regtype") {
         "type_lookup"
     } else if s.starts_with("BEGIN") {
         "begin"
@@ -235,17 +257,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_engines_statements_are_told_apart() {
+    fn the_engines_statements_are_told_apart_by_their_marker() {
         assert_eq!(
-            classify("\nWITH picked AS MATERIALIZED (SELECT 1)"),
+            classify("/* gd:claim */\nWITH picked AS MATERIALIZED (SELECT 1)"),
             "claim"
         );
+        // As sqlx logs a long statement: its text after two newlines.
         assert_eq!(
-            classify("SELECT committed FROM gd_commit_outcomes($1)"),
+            classify("\n\n/* gd:apply */\nSELECT committed FROM gd_commit_outcomes($1)\n"),
             "apply"
         );
-        assert_eq!(classify("SELECT pg_notify('gd_wake', $1)"), "notify");
+        // Or only the summary, its first four words.
+        assert_eq!(classify("/* gd:notify */ SELECT …"), "notify");
+        // The marker decides, not the text after it.
+        assert_eq!(
+            classify("/* gd:retry */ WITH locked AS MATERIALIZED"),
+            "retry"
+        );
+        for kind in MARKED_KINDS {
+            assert_eq!(classify(&format!("/* gd:{kind} */ SELECT 1")), *kind);
+            assert_eq!(classify(&format!("  /* gd:{kind} */\nSELECT 1")), *kind);
+        }
+        assert_eq!(classify("/* gd:nonsense */ SELECT 1"), "other");
+        assert_eq!(
+            classify("/* gd:claim SELECT 1"),
+            "other",
+            "an unclosed marker"
+        );
+        assert_eq!(classify("/* claim */ SELECT 1"), "other");
+    }
+
+    #[test]
+    fn unmarked_statements_are_sqlxs_own_or_other() {
+        assert_eq!(classify("BEGIN"), "begin");
         assert_eq!(classify("COMMIT"), "commit");
+        assert_eq!(classify("ROLLBACK"), "rollback");
+        assert_eq!(classify(r#"LISTEN "gd_wake""#), "listen");
+        assert_eq!(classify("UNLISTEN *"), "listen");
+        assert_eq!(
+            classify("SELECT enumlabel\nFROM pg_catalog.pg_enum\nWHERE enumtypid = $1"),
+            "type_lookup"
+        );
+        assert_eq!(classify("SELECT $1::regtype::oid"), "type_lookup");
+        // The engine's text without its marker is no longer recognized by fragments.
+        assert_eq!(classify("WITH picked AS MATERIALIZED (SELECT 1)"), "other");
+        assert_eq!(classify("SELECT pg_notify('gd_wake', $1)"), "other");
         assert_eq!(classify("SELECT 42"), "other");
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
-use gen_durable::{ChildInfo, Registry, Signal, Status};
+use gen_durable::{ChildInfo, OutcomeKind, Registry, Signal, Status};
 use serde_json::Value;
 
 use crate::instance::Instance;
@@ -113,7 +113,7 @@ impl Store {
         self.rows.values().filter(move |r| r.parent_id == Some(id))
     }
 
-    /// What a step of `id` sees as `ctx.childs()` (the pick's `childs` column).
+    /// What a step of `id` sees as `ctx.children()` (the pick's `children` column).
     pub(crate) fn child_infos(&self, id: i64) -> Vec<ChildInfo> {
         self.children(id)
             .map(|c| ChildInfo {
@@ -340,7 +340,7 @@ impl Store {
     /// the inbox of a finished row, and the parent's fan-in.
     pub(crate) fn apply(&mut self, id: i64, out: &StepOutput, now: DateTime<Utc>) {
         let mut spawned = 0;
-        if let Outcome::ScheduleChilds { children, .. } = &out.outcome {
+        if let Outcome::ScheduleChildren { children, .. } = &out.outcome {
             let rows = children.iter().cloned().map(|c| (c, Some(id))).collect();
             spawned = self.insert(rows, now).len() as i32;
         }
@@ -359,7 +359,7 @@ impl Store {
         let (step, delay) = match &out.outcome {
             Outcome::Next { step }
             | Outcome::Await { step, .. }
-            | Outcome::ScheduleChilds { step, .. } => (Some(*step), None),
+            | Outcome::ScheduleChildren { step, .. } => (Some(*step), None),
             Outcome::Replay { delay } => (None, Some(*delay)),
             Outcome::Done { .. } | Outcome::Stop { .. } => (None, None),
         };
@@ -371,8 +371,8 @@ impl Store {
             Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
             Outcome::Await { .. } if news => Status::Runnable,
             Outcome::Await { .. } => Status::AwaitingSignal,
-            Outcome::ScheduleChilds { .. } if spawned == 0 => Status::Runnable,
-            Outcome::ScheduleChilds { .. } => Status::AwaitingChildren,
+            Outcome::ScheduleChildren { .. } if spawned == 0 => Status::Runnable,
+            Outcome::ScheduleChildren { .. } => Status::AwaitingChildren,
             Outcome::Done { .. } => Status::Done,
             Outcome::Stop { .. } => Status::Failed,
         };
@@ -381,7 +381,7 @@ impl Store {
         }
         row.last_error = match (&out.error, kind) {
             (Some(e), _) => Some(e.clone()),
-            (None, "replay") => row.last_error.take(),
+            (None, OutcomeKind::Replay) => row.last_error.take(),
             (None, _) => None,
         };
         match &out.outcome {
@@ -397,19 +397,19 @@ impl Store {
         }
         row.eligible_at = after(now, delay.unwrap_or_default());
         row.attempt = match kind {
-            "replay" => row.attempt + 1,
-            "done" | "stop" => row.attempt,
+            OutcomeKind::Replay => row.attempt + 1,
+            OutcomeKind::Done | OutcomeKind::Stop => row.attempt,
             _ => 0,
         };
-        if matches!(kind, "next" | "await" | "schedule_childs") {
+        if kind.progresses() || kind == OutcomeKind::Await {
             row.reaps = 0;
         }
-        if kind == "schedule_childs" {
+        if kind == OutcomeKind::ScheduleChildren {
             row.children_pending = spawned;
         }
         let (status, parent) = (row.status, row.parent_id);
 
-        if matches!(kind, "next" | "schedule_childs") {
+        if kind.progresses() {
             for sid in &out.awaited {
                 self.signals.remove(sid);
             }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use gen_durable::OutcomeKind;
+
 /// Committed step outcomes by kind, as `run_until_idle` returns them. `Display` lists
 /// the kinds that occurred, then the total: `{next: 3, done: 1, steps: 4}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -12,8 +14,8 @@ pub struct Tally {
     pub replay: usize,
     /// `Step::await_signal` outcomes (also those that committed runnable at once).
     pub await_: usize,
-    /// `Step::schedule_childs` outcomes.
-    pub schedule_childs: usize,
+    /// `Step::schedule_children` outcomes.
+    pub schedule_children: usize,
     /// `Step::done` outcomes.
     pub done: usize,
     /// `Step::stop` outcomes, including failures `handle` turned into a stop.
@@ -23,42 +25,40 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Counts one committed outcome of `kind` (`next · replay · await · schedule_childs · done · stop`).
-    pub fn record(&mut self, kind: &str) {
-        match kind {
-            "next" => self.next += 1,
-            "replay" => self.replay += 1,
-            "await" => self.await_ += 1,
-            "schedule_childs" => self.schedule_childs += 1,
-            "done" => self.done += 1,
-            "stop" => self.stop += 1,
-            other => panic!("unknown outcome kind {other:?}"),
-        }
+    /// Counts one committed outcome of `kind`.
+    pub fn record(&mut self, kind: OutcomeKind) {
+        *self.slot(kind) += 1;
         self.steps += 1;
     }
 
-    /// The count of one kind, by its telemetry name.
-    pub fn of(&self, kind: &str) -> usize {
+    /// The count of one kind.
+    pub fn of(&self, kind: OutcomeKind) -> usize {
         match kind {
-            "next" => self.next,
-            "replay" => self.replay,
-            "await" => self.await_,
-            "schedule_childs" => self.schedule_childs,
-            "done" => self.done,
-            "stop" => self.stop,
-            "steps" => self.steps,
-            _ => 0,
+            OutcomeKind::Next => self.next,
+            OutcomeKind::Replay => self.replay,
+            OutcomeKind::Await => self.await_,
+            OutcomeKind::ScheduleChildren => self.schedule_children,
+            OutcomeKind::Done => self.done,
+            OutcomeKind::Stop => self.stop,
+        }
+    }
+
+    fn slot(&mut self, kind: OutcomeKind) -> &mut usize {
+        match kind {
+            OutcomeKind::Next => &mut self.next,
+            OutcomeKind::Replay => &mut self.replay,
+            OutcomeKind::Await => &mut self.await_,
+            OutcomeKind::ScheduleChildren => &mut self.schedule_children,
+            OutcomeKind::Done => &mut self.done,
+            OutcomeKind::Stop => &mut self.stop,
         }
     }
 
     /// Adds another tally to this one.
     pub fn add(&mut self, other: Tally) {
-        self.next += other.next;
-        self.replay += other.replay;
-        self.await_ += other.await_;
-        self.schedule_childs += other.schedule_childs;
-        self.done += other.done;
-        self.stop += other.stop;
+        for kind in OutcomeKind::ALL {
+            *self.slot(kind) += other.of(kind);
+        }
         self.steps += other.steps;
     }
 }
@@ -66,16 +66,10 @@ impl Tally {
 impl fmt::Display for Tally {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("{")?;
-        for (name, n) in [
-            ("next", self.next),
-            ("replay", self.replay),
-            ("await", self.await_),
-            ("schedule_childs", self.schedule_childs),
-            ("done", self.done),
-            ("stop", self.stop),
-        ] {
+        for kind in OutcomeKind::ALL {
+            let n = self.of(kind);
             if n > 0 {
-                write!(f, "{name}: {n}, ")?;
+                write!(f, "{kind}: {n}, ")?;
             }
         }
         write!(f, "steps: {}}}", self.steps)
@@ -85,20 +79,21 @@ impl fmt::Display for Tally {
 #[cfg(test)]
 mod tests {
     use super::Tally;
+    use gen_durable::OutcomeKind::{Await, Done, Next, ScheduleChildren};
 
     #[test]
     fn displays_the_kinds_that_occurred_then_the_total() {
         let mut t = Tally::default();
         assert_eq!(t.to_string(), "{steps: 0}");
-        for k in ["next", "next", "next", "done"] {
+        for k in [Next, Next, Next, Done] {
             t.record(k);
         }
         assert_eq!(t.to_string(), "{next: 3, done: 1, steps: 4}");
-        t.record("await");
-        t.record("schedule_childs");
+        t.record(Await);
+        t.record(ScheduleChildren);
         assert_eq!(
             t.to_string(),
-            "{next: 3, await: 1, schedule_childs: 1, done: 1, steps: 6}"
+            "{next: 3, await: 1, schedule_children: 1, done: 1, steps: 6}"
         );
     }
 }

@@ -11,15 +11,6 @@ use super::{CliError, Output};
 use crate::store::pg::admin;
 use crate::Status;
 
-const STATUSES: [Status; 6] = [
-    Status::Runnable,
-    Status::Executing,
-    Status::AwaitingSignal,
-    Status::AwaitingChildren,
-    Status::Done,
-    Status::Failed,
-];
-
 #[derive(Debug, Default)]
 struct QueueLine {
     counts: BTreeMap<Status, i64>,
@@ -31,7 +22,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
     // Read everything in one REPEATABLE READ transaction, so the tables agree with each
     // other (a row cannot be counted executing and listed as unrunnable at once).
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    sqlx::query("/* gd:admin */ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .execute(&mut *tx)
         .await?;
     let now = admin::db_now(&mut *tx, None).await?;
@@ -57,7 +48,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         "now": now,
         "queues": queues.iter().map(|(name, q)| json!({
             "queue": name,
-            "counts": STATUSES.iter()
+            "counts": Status::ALL.iter()
                 .map(|s| (s.as_str().to_string(), json!(q.counts.get(s).copied().unwrap_or(0))))
                 .collect::<serde_json::Map<String, Value>>(),
             "ready": q.ready,
@@ -77,13 +68,13 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         let mut t = Table::new(
             ["queue"]
                 .into_iter()
-                .chain(STATUSES.iter().map(|s| s.as_str()))
+                .chain(Status::ALL.iter().map(|s| s.as_str()))
                 .chain(["ready", "lag"]),
         );
         for (name, q) in &queues {
             let mut row = vec![name.clone()];
             row.extend(
-                STATUSES
+                Status::ALL
                     .iter()
                     .map(|s| q.counts.get(s).copied().unwrap_or(0).to_string()),
             );

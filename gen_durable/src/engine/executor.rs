@@ -34,7 +34,7 @@ pub(crate) async fn run_step(
                 attempt: row.attempt,
                 awaits: row.awaits,
                 inbox: row.inbox.0,
-                childs: row.childs.0,
+                children: row.children.0,
                 now: row.now,
                 cancel: cancel.clone(),
                 pool: Some(shared.db.pool.clone()),
@@ -65,9 +65,9 @@ async fn run_chain(
         let step = input.step.clone();
         let span = tracing::info_span!("gen_durable.step", id, fsm = entry.name, step = %step, attempt = input.attempt);
         // What a run-ahead step after this one will see of the inbox and children.
-        let (inbox, childs, cancel) = (
+        let (inbox, children, cancel) = (
             input.inbox.clone(),
-            input.childs.clone(),
+            input.children.clone(),
             input.cancel.clone(),
         );
         let output = entry.run(input).instrument(span).await;
@@ -120,7 +120,7 @@ async fn run_chain(
                                 .into_iter()
                                 .filter(|s| !consumed.contains(&s.id))
                                 .collect(),
-                            childs,
+                            children,
                             now: reply.now.unwrap_or_else(chrono::Utc::now),
                             cancel,
                             pool: Some(shared.db.pool.clone()),

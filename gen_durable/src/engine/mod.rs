@@ -32,7 +32,7 @@
 //!        or the step's own transaction; one statement:              store/pg/outcome.rs,
 //!        gd_commit_outcomes                                         migrations/0004, 0005
 //!             │
-//!             ├─ schedule_childs: fence, insert the children,       store/pg/outcome.rs (spawn_children),
+//!             ├─ schedule_children: fence, insert the children,       store/pg/outcome.rs (spawn_children),
 //!             │  then the commit, in one transaction                store/pg/insert.rs
 //!             └─ a child's end counts its parent down (fan-in)      gd_fan_in (migration 0005)
 //! ```

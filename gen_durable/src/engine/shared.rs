@@ -31,10 +31,11 @@ pub(crate) struct Db {
 impl Db {
     /// The handle for `pool`: learns the database's default isolation once.
     pub(crate) async fn new(pool: PgPool, clock: Clock) -> Result<Db> {
-        let level: String =
-            sqlx::query_scalar("SELECT current_setting('default_transaction_isolation')")
-                .fetch_one(&pool)
-                .await?;
+        let level: String = sqlx::query_scalar(
+            "/* gd:setup */ SELECT current_setting('default_transaction_isolation')",
+        )
+        .fetch_one(&pool)
+        .await?;
         Ok(Db {
             pool,
             clock,
@@ -81,7 +82,8 @@ pub(crate) use on_conn;
 /// Begins a READ COMMITTED transaction and takes its first snapshot, in one round trip.
 /// The snapshot makes a later `SET TRANSACTION ISOLATION LEVEL` fail at once, with
 /// PostgreSQL's "must be called before any query" (see `ctx.transaction()`).
-pub(crate) const BEGIN_READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
+pub(crate) const BEGIN_READ_COMMITTED: &str =
+    "/* gd:begin */ BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
 
 /// See [`Db::conn`]; finish it with [`StatementConn::finish`].
 #[derive(Debug)]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gen_durable::prelude::*;
-use gen_durable::{Event, QueueConfig};
+use gen_durable::{Event, OutcomeKind, QueueConfig};
 use serde_json::{Map, Value};
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -57,13 +57,13 @@ impl Tracker {
                         .expect("lat")
                         .push((now - s).as_secs_f64() * 1e3);
                 }
-                if *kind == "schedule_childs" {
+                if *kind == OutcomeKind::ScheduleChildren {
                     self.first_schedule
                         .lock()
                         .expect("sched")
                         .get_or_insert(now);
                 }
-                if *kind == "done" {
+                if *kind == OutcomeKind::Done {
                     *self.done_ids.lock().expect("ids").entry(*id).or_default() += 1;
                     let d = self.done.fetch_add(1, Ordering::Relaxed) + 1;
                     if d >= self.target_done.load(Ordering::Relaxed) {

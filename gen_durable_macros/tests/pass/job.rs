@@ -13,7 +13,7 @@ async fn send(_email: &str) -> Result<(), std::io::Error> {
 #[durable_job(queue = "mail", max_attempts = 5, max_backoff_secs = 60, version = 2)]
 pub async fn send_welcome(args: WelcomeArgs, ctx: &mut JobCtx) -> JobResult {
     if ctx.is_cancelled() {
-        return Err(JobError::cancel("shutting down"));
+        return Err(JobError::fail("shutting down"));
     }
     send(&args.email).await.map_err(JobError::retry)?;
     Ok(json!({ "sent": true }))

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::{
-    Client, Clock, Delivery, Engine, Entry, Event, Fsm, QueueConfig, Result, Status,
+    Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result, Status,
 };
 use gen_durable_testkit::{epoch, Cancelled, Instance, SignalSender, Tally, TestDb, TestKit};
 use serde_json::Value;
@@ -151,11 +151,11 @@ pub trait Backend {
     /// Overwrites the stored state with raw JSON (a state an older type wrote).
     async fn overwrite_state(&mut self, id: i64, state: Value);
     /// The committed kinds of `id`, from the `step.stop` events.
-    fn kinds(&self, id: i64) -> Vec<&'static str>;
+    fn kinds(&self, id: i64) -> Vec<OutcomeKind>;
     async fn close(self);
 }
 
-fn kinds_of(events: &[Event], id: i64) -> Vec<&'static str> {
+fn kinds_of(events: &[Event], id: i64) -> Vec<OutcomeKind> {
     events
         .iter()
         .filter_map(|e| match e {
@@ -236,7 +236,7 @@ impl Backend for Kit {
     async fn overwrite_state(&mut self, id: i64, state: Value) {
         self.kit.overwrite_state(id, state);
     }
-    fn kinds(&self, id: i64) -> Vec<&'static str> {
+    fn kinds(&self, id: i64) -> Vec<OutcomeKind> {
         self.kit.kinds(id)
     }
     async fn close(self) {
@@ -320,7 +320,7 @@ impl Pg {
         .expect("idle query")
     }
 
-    fn step_stops(&self, from: usize) -> Vec<(i64, &'static str)> {
+    fn step_stops(&self, from: usize) -> Vec<(i64, OutcomeKind)> {
         self.events.lock().unwrap()[from..]
             .iter()
             .filter_map(|e| match e {
@@ -449,7 +449,7 @@ impl Backend for Pg {
             .await
             .expect("overwrite state");
     }
-    fn kinds(&self, id: i64) -> Vec<&'static str> {
+    fn kinds(&self, id: i64) -> Vec<OutcomeKind> {
         kinds_of(&self.events.lock().unwrap(), id)
     }
     async fn close(self) {

@@ -10,7 +10,7 @@ pub async fn four_children_done_wake_the_parent<B: Backend>(b: &mut B) {
     let id = b.insert::<Parent>(S::n(4), Opts::default()).await.unwrap();
     assert_eq!(
         b.run().await.to_string(),
-        "{schedule_childs: 1, done: 5, steps: 6}"
+        "{schedule_children: 1, done: 5, steps: 6}"
     );
     let i = b.get(id).await;
     i.assert_done(json!({ "total": 4, "done": 4, "failed": 0 }));
@@ -32,7 +32,7 @@ pub async fn a_failing_child_is_counted_not_fatal<B: Backend>(b: &mut B) {
     let id = b.insert::<Parent>(state, Opts::default()).await.unwrap();
     assert_eq!(
         b.run().await.to_string(),
-        "{schedule_childs: 1, done: 4, stop: 1, steps: 6}"
+        "{schedule_children: 1, done: 4, stop: 1, steps: 6}"
     );
     b.get(id)
         .await
@@ -49,7 +49,7 @@ pub async fn the_parent_waits_for_every_child<B: Backend>(b: &mut B) {
         .unwrap();
     assert_eq!(
         b.run().await.to_string(),
-        "{await: 2, schedule_childs: 1, steps: 3}"
+        "{await: 2, schedule_children: 1, steps: 3}"
     );
     let i = b.get(id).await;
     i.assert_status(Status::AwaitingChildren).assert_step("sum");
@@ -71,7 +71,7 @@ pub async fn children_nest_two_levels<B: Backend>(b: &mut B) {
         .unwrap();
     assert_eq!(
         b.run().await.to_string(),
-        "{schedule_childs: 3, done: 7, steps: 10}"
+        "{schedule_children: 3, done: 7, steps: 10}"
     );
     let child = json!({ "total": 2, "done": 2, "failed": 0 });
     b.get(id)

@@ -140,7 +140,7 @@ test_fsm!(Timed, state = S, queue = "conf", version = 1, {
         Ok(Step::await_signal(["late"], Timed::After).timeout(Duration::from_secs(3600)))
     },
     After => "after" |ctx| {
-        Ok(Step::done(json!({ "awaited": ctx.awaited().len(), "attempt": ctx.attempt(), "inbox": ctx.all().len() })))
+        Ok(Step::done(json!({ "awaited": ctx.awaited().len(), "attempt": ctx.attempt(), "inbox": ctx.inbox().len() })))
     },
 });
 
@@ -203,10 +203,10 @@ test_fsm!(Parent, state = S, queue = "conf", version = 1, {
                 child
             }
         }).collect();
-        Ok(Step::schedule_childs(kids, Parent::Sum))
+        Ok(Step::schedule_children(kids, Parent::Sum))
     },
     Sum => "sum" |ctx| {
-        let c = ctx.childs();
+        let c = ctx.children();
         let done = c.iter().filter(|c| c.status == Status::Done).count();
         let failed = c.iter().filter(|c| c.status == Status::Failed).count();
         Ok(Step::done(json!({ "total": c.len(), "done": done, "failed": failed })))
@@ -216,10 +216,10 @@ test_fsm!(Parent, state = S, queue = "conf", version = 1, {
 // Two levels: two `Parent`s of two kids each.
 test_fsm!(Grand, state = S, queue = "conf", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<Parent>(S::n(2)), Child::new::<Parent>(S::n(2))], Grand::Sum))
+        Ok(Step::schedule_children(vec![Child::new::<Parent>(S::n(2)), Child::new::<Parent>(S::n(2))], Grand::Sum))
     },
     Sum => "sum" |ctx| {
-        let results: Vec<_> = ctx.childs().iter().map(|c| c.result.clone()).collect();
+        let results: Vec<_> = ctx.children().iter().map(|c| c.result.clone()).collect();
         Ok(Step::done(json!({ "children": results })))
     },
 });
@@ -227,7 +227,7 @@ test_fsm!(Grand, state = S, queue = "conf", version = 1, {
 // Parks its two `Waiter` children forever: a parent to cancel.
 test_fsm!(Holder, state = S, queue = "conf", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<Waiter>(S::default()), Child::new::<Waiter>(S::default())], Holder::Sum))
+        Ok(Step::schedule_children(vec![Child::new::<Waiter>(S::default()), Child::new::<Waiter>(S::default())], Holder::Sum))
     },
     Sum => "sum" |_ctx| { Ok(Step::done(json!("children finished"))) },
 });
@@ -236,10 +236,10 @@ test_fsm!(Holder, state = S, queue = "conf", version = 1, {
 // one child while the other has failed — the state in which a retry re-arms the barrier.
 test_fsm!(Mixed, state = S, queue = "conf", version = 1, {
     Spawn => "spawn" |_ctx| {
-        Ok(Step::schedule_childs(vec![Child::new::<Waiter>(S::default()), Child::new::<Kid>(S::n(-1))], Mixed::Sum))
+        Ok(Step::schedule_children(vec![Child::new::<Waiter>(S::default()), Child::new::<Kid>(S::n(-1))], Mixed::Sum))
     },
     Sum => "sum" |ctx| {
-        let failed = ctx.childs().iter().filter(|c| c.status == Status::Failed).count();
+        let failed = ctx.children().iter().filter(|c| c.status == Status::Failed).count();
         Ok(Step::done(json!({ "failed": failed })))
     },
 });

@@ -16,7 +16,7 @@ test_fsm!(Looper, state = S, queue = "conf", version = 1, {
 });
 
 test_fsm!(Orphaner, state = S, queue = "conf", version = 1, {
-    Spawn => "spawn" |_ctx| { Ok(Step::schedule_childs(vec![Child::new::<Unknown>(S::default())], Orphaner::Sum)) },
+    Spawn => "spawn" |_ctx| { Ok(Step::schedule_children(vec![Child::new::<Unknown>(S::default())], Orphaner::Sum)) },
     Sum => "sum" |_ctx| { Ok(Step::done(json!("children finished"))) },
 });
 
@@ -78,7 +78,7 @@ async fn the_same_scenario_gives_the_same_tally_and_states_100_times() {
     assert_eq!(
         first.0.iter().map(Tally::to_string).collect::<Vec<_>>(),
         [
-            "{next: 4, replay: 1, await: 3, schedule_childs: 4, done: 13, stop: 1, steps: 26}",
+            "{next: 4, replay: 1, await: 3, schedule_children: 4, done: 13, stop: 1, steps: 26}",
             "{await: 1, steps: 1}",
             "{await: 1, steps: 1}",
             "{done: 1, steps: 1}",

@@ -65,11 +65,11 @@ pub async fn await_parks_until_a_matching_signal<B: Backend>(b: &mut B) {
         .assert_inbox(Vec::<&str>::new());
 }
 
-pub async fn schedule_childs_with_no_children_continues_at_once<B: Backend>(b: &mut B) {
+pub async fn schedule_children_with_no_children_continues_at_once<B: Backend>(b: &mut B) {
     let id = b.insert::<Parent>(S::n(0), Opts::default()).await.unwrap();
     assert_eq!(
         b.run().await.to_string(),
-        "{schedule_childs: 1, done: 1, steps: 2}"
+        "{schedule_children: 1, done: 1, steps: 2}"
     );
     let i = b.get(id).await;
     i.assert_done(json!({ "total": 0, "done": 0, "failed": 0 }));

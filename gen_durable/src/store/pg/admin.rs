@@ -36,7 +36,7 @@ const EXPIRED_IDS_SHOWN: i32 = 10;
 /// table is missing, so the CLI can tell "not migrated" from any other error and say
 /// what to do. `gd_nodes` is checked apart: a database migrated by an older release
 /// has instances but no node table yet.
-const SCHEMA_STATE: &str = r#"
+const SCHEMA_STATE: &str = r#"/* gd:admin */
 SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
        to_regclass('gd_nodes') IS NOT NULL AS nodes,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
@@ -57,7 +57,7 @@ pub(crate) async fn schema_state<'e>(db: impl PgExecutor<'e>) -> Result<SchemaSt
 /// The migrations recorded as applied, so `migrate` can say what it did. Only call it
 /// when `SchemaState::migrations` is true: the table is sqlx's and is created by the
 /// first migration run.
-const APPLIED_MIGRATIONS: &str = r#"
+const APPLIED_MIGRATIONS: &str = r#"/* gd:admin */
 SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version
 "#;
 
@@ -72,7 +72,7 @@ pub(crate) async fn applied_migrations<'e>(db: impl PgExecutor<'e>) -> Result<Ve
 ///
 /// `ready` and `oldest_ready` only count runnable rows whose `eligible_at` has passed: a
 /// row scheduled for tomorrow is not late, so it must not show as lag.
-const QUEUE_STATUS: &str = r#"
+const QUEUE_STATUS: &str = r#"/* gd:admin */
 SELECT queue, status, count(*) AS count,
        count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now())) AS ready,
        min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
@@ -105,7 +105,7 @@ pub(crate) async fn queue_status<'e>(
 /// them (the expired-lease report covers the ones whose node died). Parked rows are
 /// counted: nobody will run them when they wake. `live` is a CTE over a small table,
 /// and the per-row probe compares against arrays of a handful of nodes.
-const UNRUNNABLE: &str = r#"
+const UNRUNNABLE: &str = r#"/* gd:admin */
 WITH live AS (
     SELECT queues, fsms FROM gd_nodes
      WHERE last_seen_at > coalesce($1, now()) - $2 * interval '1 millisecond'
@@ -148,7 +148,7 @@ pub(crate) async fn unrunnable<'e>(
 /// to `runnable` on its next pass, so rows that stay here mean no node runs a reaper,
 /// and a holder that keeps appearing is a node that died. Reads the lease index
 /// (`lease_expires_at WHERE status = 'executing'`), so it costs the expired rows only.
-const EXPIRED_LEASES: &str = r#"
+const EXPIRED_LEASES: &str = r#"/* gd:admin */
 SELECT queue, locked_by, count(*) AS count, min(lease_expires_at) AS oldest_expiry,
        (array_agg(id ORDER BY lease_expires_at, id))[1:$2] AS ids
   FROM gd_instances
@@ -181,7 +181,7 @@ pub(crate) async fn expired_leases<'e>(
 
 /// Every announced node, live or not, with the database's verdict on liveness so the
 /// CLI and the `UNRUNNABLE` statement use the same window and the same clock.
-const NODES: &str = r#"
+const NODES: &str = r#"/* gd:admin */
 SELECT node_id, queues, fsms, started_at, last_seen_at,
        last_seen_at > coalesce($1, now()) - $2 * interval '1 millisecond' AS live
   FROM gd_nodes
@@ -212,7 +212,7 @@ pub(crate) async fn nodes<'e>(
 }
 
 /// The database's clock, which every figure of `status` is relative to.
-const NOW: &str = "SELECT coalesce($1, now())";
+const NOW: &str = "/* gd:admin */ SELECT coalesce($1, now())";
 
 pub(crate) async fn db_now<'e>(
     db: impl PgExecutor<'e>,
@@ -227,7 +227,7 @@ pub(crate) async fn db_now<'e>(
 /// shows exactly what is stored; `unique_guard` is dropped, being derived. Inbox and
 /// children are counted in full but listed only up to `$2`, by id: a parent of 10,000
 /// children must not print them all. Children come from the `parent_id` index.
-const INSPECT: &str = r#"
+const INSPECT: &str = r#"/* gd:admin */
 SELECT to_jsonb(i) - 'unique_guard' AS row,
        (SELECT count(*) FROM gd_signals s WHERE s.target_id = i.id) AS inbox_total,
        (SELECT coalesce(jsonb_agg(to_jsonb(s) - 'target_id' ORDER BY s.id), '[]')
@@ -280,9 +280,9 @@ pub(crate) async fn inspect<'e>(
 /// - Ordered by `updated_at, id`, the order of the `gd_instances_terminal` index over
 ///   terminal rows, so each batch reads the oldest entries and stops at the limit.
 /// - Never a child of a live parent: a parent that is not terminal reads its children's
-///   outcomes in `ctx.childs()` once they have all ended, so they must outlive it.
+///   outcomes in `ctx.children()` once they have all ended, so they must outlive it.
 /// - The inbox goes with the row (`ON DELETE CASCADE`); terminal rows have none anyway.
-pub(super) const GC: &str = r#"
+pub(super) const GC: &str = r#"/* gd:collect */
 WITH doomed AS MATERIALIZED (
     SELECT i.id FROM gd_instances i
      WHERE i.status IN ('done', 'failed')
@@ -317,7 +317,7 @@ pub(crate) async fn gc_batch<'e>(
 /// for a day are deleted in the same statement (never this one), so crashed nodes
 /// don't pile up and nobody needs a separate sweep; concurrent announces deleting the
 /// same stale rows only wait on each other for those rows.
-const ANNOUNCE: &str = r#"
+const ANNOUNCE: &str = r#"/* gd:announce */
 WITH stale AS (
     DELETE FROM gd_nodes
      WHERE last_seen_at < coalesce($4, now()) - interval '1 day' AND node_id <> $1
@@ -357,7 +357,7 @@ pub(crate) async fn announce<'e>(
 
 /// A node leaving on purpose (graceful shutdown) removes itself at once, instead of
 /// showing as live for up to a minute.
-const FORGET: &str = "DELETE FROM gd_nodes WHERE node_id = $1";
+const FORGET: &str = "/* gd:announce */ DELETE FROM gd_nodes WHERE node_id = $1";
 
 pub(crate) async fn forget<'e>(db: impl PgExecutor<'e>, node_id: &str) -> Result<()> {
     sqlx::query(FORGET).bind(node_id).execute(db).await?;

@@ -29,7 +29,7 @@ use crate::error::Result;
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
-pub(super) const CLAIM: &str = r#"
+pub(super) const CLAIM: &str = r#"/* gd:claim */
 WITH picked AS MATERIALIZED (
     SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
       FROM gd_instances i
@@ -68,7 +68,7 @@ SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease
        (SELECT coalesce(json_agg(json_build_object(
                    'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
                    'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
-          FROM gd_instances ch WHERE ch.parent_id = c.id) AS childs,
+          FROM gd_instances ch WHERE ch.parent_id = c.id) AS children,
        (SELECT coalesce(json_agg(json_build_object(
                    'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key) ORDER BY p.id), '[]')
           FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id)) AS contended,
@@ -91,7 +91,7 @@ pub(crate) struct Claimed {
     /// It has a partition key: when its step ends, the key's next row may run.
     pub(crate) partitioned: bool,
     pub(crate) inbox: Json<Vec<Signal>>,
-    pub(crate) childs: Json<Vec<ChildInfo>>,
+    pub(crate) children: Json<Vec<ChildInfo>>,
     /// Rows this pick locked but handed back because an earlier row of the batch has the
     /// same partition key (the same on every row of a pick).
     pub(crate) contended: Json<Vec<Contended>>,

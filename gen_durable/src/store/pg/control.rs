@@ -11,7 +11,7 @@ use crate::Status;
 
 /// Statement 1 of a cancel: the instance, its live descendants and its parent (whose
 /// counter the cancel decrements), locked in id order. `in_tree` is false for the parent.
-pub(super) const CANCEL_TREE: &str = r#"
+pub(super) const CANCEL_TREE: &str = r#"/* gd:cancel */
 WITH RECURSIVE tree AS (
     SELECT id FROM gd_instances WHERE id = $1
   UNION
@@ -32,7 +32,7 @@ SELECT i.id, i.status, i.id IN (SELECT id FROM tree) AS in_tree
 /// the children this statement fails with it, so it keeps counting exactly its live
 /// children (the flagged ones); the parents outside that set are returned, one element
 /// per child failed, for the fan-in.
-pub(super) const CANCEL_APPLY: &str = r#"
+pub(super) const CANCEL_APPLY: &str = r#"/* gd:cancel */
 WITH failed AS (
     UPDATE gd_instances i
        SET status = 'failed', last_error = 'cancelled', cancel_requested = true,
@@ -59,7 +59,7 @@ SELECT (SELECT count(*) FROM failed) AS failed,
 /// Statement 3: the fan-in of the parents that statement 2 did not update itself (their
 /// locks are held since statement 1).
 const FAN_IN: &str =
-    "SELECT count(pg_notify('gd_wake', q)) FROM gd_fan_in($1, coalesce($2, now())) AS q";
+    "/* gd:cancel */ SELECT count(pg_notify('gd_wake', q)) FROM gd_fan_in($1, coalesce($2, now())) AS q";
 
 /// What a cancel found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +112,7 @@ pub(crate) async fn cancel(
 /// (the parent waits for this child again); once the parent has read the child's outcome
 /// and gone on, nothing changes (a retried child would end with nobody counting it). A
 /// parent already collected waits for nothing.
-pub(super) const RETRY: &str = r#"
+pub(super) const RETRY: &str = r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
     SELECT i.id, i.status, i.parent_id FROM gd_instances i
      WHERE i.id = $1 OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)

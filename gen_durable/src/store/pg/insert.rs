@@ -17,7 +17,7 @@ use crate::store::pg::millis;
 /// Times count from the statement's start, not its transaction's: children inserted by a
 /// step's own transaction, or rows by a caller's long one, are delayed from when they
 /// are inserted.
-pub(super) const INSERT: &str = r#"
+pub(super) const INSERT: &str = r#"/* gd:insert */
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::int2[],
@@ -126,7 +126,7 @@ pub(crate) async fn insert_with_parents<'e>(
 /// One row: the same insert as [`INSERT`] with scalar binds instead of `unnest` arrays,
 /// no sort and no aggregate, since single inserts are the hot path of many callers.
 /// Returns no row when the unique key is occupied.
-pub(super) const INSERT_ONE: &str = r#"
+pub(super) const INSERT_ONE: &str = r#"/* gd:insert */
 WITH ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps,

@@ -17,7 +17,7 @@ use crate::error::Result;
 /// Shaped like the group commit: rows by primary key in id order, each row's epoch found
 /// by binary search in the sorted ids (no join whose plan could rescan the arrays per
 /// row), and the update reads the locked ids as one array (an index scan by `= ANY`).
-pub(super) const HEARTBEAT: &str = r#"
+pub(super) const HEARTBEAT: &str = r#"/* gd:heartbeat */
 WITH mine AS MATERIALIZED (
     SELECT i.id FROM gd_instances i
      WHERE i.id = ANY ($1::int8[])
@@ -57,13 +57,13 @@ pub(crate) async fn heartbeat<'e>(
 /// `max_reaps`: the function `gd_reap` of migration 0005. Bounded and `SKIP LOCKED`, so
 /// any number of nodes may reap at once and none waits behind a caller. A row failed here
 /// is terminal like any other: its inbox goes and its parent is decremented.
-pub(super) const REAP: &str = "SELECT id, failed FROM gd_reap($1, $2) ORDER BY id";
+pub(super) const REAP: &str = "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2) ORDER BY id";
 
 /// The same for the given rows only, when a batch failed (see the reaper).
-const REAP_ONLY: &str = "SELECT id, failed FROM gd_reap($1, $2, $3) ORDER BY id";
+const REAP_ONLY: &str = "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2, $3) ORDER BY id";
 
 /// The expired rows a reap would take, oldest lease first, for reaping one by one.
-const EXPIRED: &str = r#"
+const EXPIRED: &str = r#"/* gd:reap */
 SELECT id FROM gd_instances
  WHERE status = 'executing' AND lease_expires_at < coalesce($2, now())
  ORDER BY lease_expires_at
@@ -114,7 +114,8 @@ pub(crate) async fn expired<'e>(
 /// buffer, or steps cancelled at the drain deadline. Fenced like an outcome; a row whose
 /// instance was cancelled meanwhile fails instead, as its commit would have. The function
 /// `gd_release` of migration 0005: a row it cannot lock at once is left to its lease.
-pub(super) const RELEASE: &str = "SELECT id FROM gd_release($1, $2, $3, $4) AS r(id)";
+pub(super) const RELEASE: &str =
+    "/* gd:release */ SELECT id FROM gd_release($1, $2, $3, $4) AS r(id)";
 
 pub(crate) async fn release<'e>(
     db: impl PgExecutor<'e>,
@@ -138,7 +139,7 @@ pub(crate) async fn release<'e>(
 /// Await timeouts: a parked row past its deadline becomes runnable at its next step with
 /// `awaits` cleared, so that step sees nothing awaited. `SKIP LOCKED`: a row a delivery
 /// holds right now is being woken by that delivery instead.
-pub(super) const EXPIRE_AWAITS: &str = r#"
+pub(super) const EXPIRE_AWAITS: &str = r#"/* gd:await_timeouts */
 WITH due AS MATERIALIZED (
     SELECT id FROM gd_instances
      WHERE status = 'awaiting_signal' AND await_deadline <= coalesce($2, now())
@@ -173,7 +174,7 @@ pub(crate) async fn expire_awaits<'e>(
 
 /// Milliseconds until the earliest await deadline, by the database clock (never the
 /// worker's), so the timeout service can sleep until it.
-const NEXT_DEADLINE: &str = r#"
+const NEXT_DEADLINE: &str = r#"/* gd:await_timeouts */
 SELECT (extract(epoch FROM min(await_deadline) - coalesce($1, now())) * 1000)::int8
   FROM gd_instances WHERE status = 'awaiting_signal' AND await_deadline IS NOT NULL
 "#;

@@ -14,6 +14,15 @@
 //! Conventions: `$now` is the injected clock (`coalesce($now, now())`); every write
 //! to a claimed row is fenced by `(locked_by, lease_epoch)`; wake-ups are one
 //! `pg_notify('gd_wake', queue)` per queue per statement, delivered at commit.
+//!
+//! Markers: every statement's text starts with a comment naming its kind,
+//! `/* gd:claim */ WITH picked AS MATERIALIZED …`. The statement counter of
+//! `gen_durable_testkit::statements` classifies by it (its `MARKED_KINDS` lists the
+//! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
+//! kinds: `claim`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
+//! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin` here;
+//! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
+//! them (or a new kind added to that list) at the very start of its text.
 
 pub(crate) mod admin;
 pub(crate) mod claim;
@@ -64,4 +73,68 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
         ),
         ("gc", "int8, int8, timestamptz", admin::GC),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    /// The statements of this module, as written: every `const NAME: &str` of each file.
+    const SOURCES: [(&str, &str); 7] = [
+        ("admin.rs", include_str!("admin.rs")),
+        ("claim.rs", include_str!("claim.rs")),
+        ("control.rs", include_str!("control.rs")),
+        ("insert.rs", include_str!("insert.rs")),
+        ("lease.rs", include_str!("lease.rs")),
+        ("outcome.rs", include_str!("outcome.rs")),
+        ("signal.rs", include_str!("signal.rs")),
+    ];
+
+    /// The literal each `const NAME: &str = …;` of `src` starts with: (name, text).
+    fn sql_constants(src: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut rest = src;
+        while let Some(at) = rest.find("const ") {
+            rest = &rest[at + "const ".len()..];
+            let Some((name, after)) = rest.split_once(": &str =") else {
+                continue;
+            };
+            if !name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                continue;
+            }
+            let after = after.trim_start();
+            let text = if let Some(raw) = after.strip_prefix("r#\"") {
+                raw.split_once("\"#").map(|(t, _)| t)
+            } else if let Some(plain) = after.strip_prefix('"') {
+                plain.split_once('"').map(|(t, _)| t)
+            } else {
+                None
+            };
+            out.push((name.to_string(), text.unwrap_or_default().to_string()));
+        }
+        out
+    }
+
+    #[test]
+    fn every_statement_starts_with_its_marker() {
+        let mut seen = 0;
+        for (file, src) in SOURCES {
+            for (name, sql) in sql_constants(src) {
+                assert!(
+                    sql.starts_with("/* gd:"),
+                    "{file}: {name} does not start with its /* gd:KIND */ marker"
+                );
+                let kind = gen_durable_testkit::statements::classify(&sql);
+                assert_ne!(kind, "other", "{file}: {name}: an unknown marker");
+                seen += 1;
+            }
+        }
+        // Every statement of the audit's list is among them: the scan found them all.
+        assert!(
+            seen >= super::prepared().len(),
+            "only {seen} statements found"
+        );
+        for (name, _, sql) in super::prepared() {
+            assert!(sql.starts_with("/* gd:"), "{name}");
+        }
+        assert!(crate::engine::BEGIN_READ_COMMITTED.starts_with("/* gd:begin */"));
+    }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::error::Result;
+use crate::kind::OutcomeKind;
 use crate::runtime::{NewInstance, Outcome, StepOutput};
 use crate::store::pg::insert::insert_with_parents;
 use crate::store::pg::millis;
@@ -25,7 +26,7 @@ use crate::store::pg::millis;
 /// (`locked_by` is set only while a row is claimed), the rows are read by primary key and
 /// each epoch is found by binary search in the sorted ids — no join whose plan could
 /// rescan the arrays per row, no scan of every executing row through the lease index.
-pub(super) const FENCE: &str = r#"
+pub(super) const FENCE: &str = r#"/* gd:fence */
 WITH locked AS MATERIALIZED (
     SELECT i.id, i.cancel_requested
       FROM gd_instances i
@@ -47,7 +48,7 @@ SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS 
 /// in its update, applies the outcome table, then — with a fresh snapshot, under
 /// the row locks it now holds — deletes the whole inbox of the finished rows and wakes a
 /// parked `await` whose signal is already in. Why it is a function: see the migration.
-const APPLY: &str = r#"
+const APPLY: &str = r#"/* gd:apply */
 SELECT committed, continued, at, deferred
   FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 "#;
@@ -56,7 +57,7 @@ SELECT committed, continued, at, deferred
 /// step ran (it commits as `stop` "cancelled").
 fn spawns<'x>(c: &'x Commit<'_>, cancelled: &HashSet<i64>) -> Option<&'x [NewInstance]> {
     match &c.output.outcome {
-        Outcome::ScheduleChilds { children, .. } if !cancelled.contains(&c.id) => Some(children),
+        Outcome::ScheduleChildren { children, .. } if !cancelled.contains(&c.id) => Some(children),
         _ => None,
     }
 }
@@ -94,7 +95,7 @@ pub(crate) struct Committed {
 pub(crate) fn needs_transaction(batch: &[Commit<'_>]) -> bool {
     batch
         .iter()
-        .any(|c| matches!(c.output.outcome, Outcome::ScheduleChilds { .. }))
+        .any(|c| matches!(c.output.outcome, Outcome::ScheduleChildren { .. }))
 }
 
 /// The batch sorted by id, one outcome per row: both statements find each row's outcome
@@ -172,7 +173,7 @@ struct Spawned {
 /// The first two statements of a batch that spawns children, in its transaction: the
 /// fence, then one insert of every child. `sorted` keeps only the rows the fence locked;
 /// rows no longer this worker's are dropped (not committed), rows someone else holds are
-/// deferred. Neither reaches the apply, which must not commit a `schedule_childs`
+/// deferred. Neither reaches the apply, which must not commit a `schedule_children`
 /// without its children.
 async fn spawn_children(
     conn: &mut PgConnection,
@@ -258,7 +259,7 @@ impl<'x> Arrays<'x> {
             let outcome = &out.outcome;
             a.id.push(c.id);
             a.epoch.push(c.epoch);
-            a.kind.push(outcome.kind());
+            a.kind.push(sql_kind(outcome.kind()));
             a.state.push((!c.keep_state).then_some(&out.state));
             a.error.push(match outcome {
                 Outcome::Stop { reason } => Some(reason.as_str()),
@@ -281,7 +282,7 @@ impl<'x> Arrays<'x> {
                     // Unit separator: cannot appear in a signal name worth awaiting.
                     Some(names.join("\u{1f}")),
                 ),
-                Outcome::ScheduleChilds { step, .. } => (Some(*step), None, None, None),
+                Outcome::ScheduleChildren { step, .. } => (Some(*step), None, None, None),
                 Outcome::Done { result } => (None, Some(result), None, None),
                 Outcome::Stop { .. } => (None, None, None, None),
             };
@@ -290,7 +291,7 @@ impl<'x> Arrays<'x> {
             a.delay.push(delay);
             a.awaits.push(awaits);
             match outcome {
-                Outcome::Next { .. } | Outcome::ScheduleChilds { .. } => {
+                Outcome::Next { .. } | Outcome::ScheduleChildren { .. } => {
                     a.consumed.extend_from_slice(&out.awaited)
                 }
                 Outcome::Await { .. } => a.seen.extend_from_slice(&out.awaited),
@@ -298,6 +299,15 @@ impl<'x> Arrays<'x> {
             }
         }
         a
+    }
+}
+
+/// A kind as the commit function names it: migration 0004 predates the
+/// `schedule_children` spelling, and a migration's text is fixed by its checksum.
+fn sql_kind(kind: OutcomeKind) -> &'static str {
+    match kind {
+        OutcomeKind::ScheduleChildren => "schedule_childs",
+        other => other.as_str(),
     }
 }
 

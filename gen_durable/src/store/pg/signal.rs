@@ -14,7 +14,7 @@ use crate::Status;
 /// COMMITTED a locking read returns the newest row version, which is why `wake`
 /// decides from `target`'s columns rather than from its own (older) snapshot.
 /// A redelivery with the same `dedup_key` inserts nothing and wakes nothing.
-pub(super) const DELIVER: &str = r#"
+pub(super) const DELIVER: &str = r#"/* gd:signal */
 WITH target AS (
     SELECT id, status, awaits, queue FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE
 ), ins AS (
@@ -73,7 +73,7 @@ pub(crate) async fn deliver<'e>(
 
 /// A bare wake-up for one queue, outside any other statement: the trailing edge of a
 /// coalesced burst (see `crate::notify`).
-const NOTIFY_QUEUE: &str = "SELECT pg_notify('gd_wake', $1)";
+const NOTIFY_QUEUE: &str = "/* gd:notify */ SELECT pg_notify('gd_wake', $1)";
 
 pub(crate) async fn notify_queue<'e>(db: impl PgExecutor<'e>, queue: &str) -> Result<()> {
     sqlx::query(NOTIFY_QUEUE).bind(queue).execute(db).await?;
