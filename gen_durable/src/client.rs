@@ -9,12 +9,13 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
+use crate::answers::{inserted, Cancelled, Delivery};
 use crate::clock::Clock;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fsm::Fsm;
 use crate::group_insert::{GroupInsert, Target as GroupTarget};
 use crate::notify::Notifier;
-use crate::options::{insert_option_setters, InsertOptions};
+use crate::options::InsertOptions;
 use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
 use crate::store::pg;
@@ -179,19 +180,9 @@ impl Client {
     /// `ctx.cancelled()` resolves meanwhile. Live children are cancelled with it.
     pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
         let mut tx = self.pool.begin().await?;
-        let r = pg::control::cancel(&mut tx, id, self.clock.now_param()).await?;
+        let found = pg::control::cancel(&mut tx, id, self.clock.now_param()).await?;
         tx.commit().await?;
-        match r {
-            pg::control::CancelResult::NotFound => Err(Error::NotFound { id }),
-            pg::control::CancelResult::Finished(st) => Err(Error::Finished {
-                id,
-                status: st.to_string(),
-            }),
-            pg::control::CancelResult::Done { failed, flagged } => Ok(Cancelled {
-                failed: failed as usize,
-                after_current_step: flagged as usize,
-            }),
-        }
+        found.answer(id)
     }
 
     /// Makes a `failed` instance runnable again at the step it failed in, with `attempt` 0.
@@ -202,20 +193,11 @@ impl Client {
     /// child ran) waits for them again instead of running at once.
     pub async fn retry(&self, id: i64) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
-        let r = pg::control::retry(&mut conn, id, self.clock.now_param()).await;
-        let r = match r {
-            Ok(r) => r,
-            Err(Error::Database(sqlx::Error::Database(db)))
-                if db.code().as_deref() == Some(pg::UNIQUE_VIOLATION) =>
-            {
-                return Err(Error::Duplicate {
-                    key: format!("(the unique key of instance {id})"),
-                });
-            }
-            Err(e) => return Err(e),
-        };
-        retry_result(id, r)
+        pg::control::retry(&mut conn, id, self.clock.now_param())
+            .await?
+            .answer(id)
     }
+
     /// The queues of `rows` this statement wakes itself (see [`Client::notify_window`]).
     fn notify_for(&self, rows: &[NewInstance]) -> Vec<String> {
         let mut queues: Vec<&str> = rows.iter().map(|r| r.queue.as_str()).collect();
@@ -241,28 +223,7 @@ impl Client {
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let notify = !self.notifier.claim([row.queue.as_str()]).is_empty();
         let id = pg::insert::insert_one(db, &row, notify, self.clock.now_param()).await?;
-        id.ok_or_else(|| Error::Duplicate {
-            key: row.unique_key.unwrap_or_default(),
-        })
-    }
-}
-
-/// Maps what a retry found to its answer.
-fn retry_result(id: i64, r: pg::control::RetryResult) -> Result<()> {
-    use pg::control::RetryResult as R;
-    match r {
-        R::NotFound => Err(Error::NotFound { id }),
-        R::Retried => Ok(()),
-        R::NotFailed(st) => Err(Error::WrongStatus {
-            id,
-            status: st.to_string(),
-            what: "only a failed instance can be retried",
-        }),
-        R::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
-            id,
-            parent,
-            status: status.to_string(),
-        }),
+        inserted(id, row.unique_key.as_deref())
     }
 }
 
@@ -292,27 +253,13 @@ impl<F: Fsm> Entry<F> {
         }
     }
 
-    insert_option_setters!(opts);
+    crate::insert_option_setters!(opts);
 
     /// Resolves the entry into the row it inserts (FSM identity, state as JSON, options);
     /// the in-memory testkit inserts these.
     pub fn into_new_instance(self) -> Result<NewInstance> {
         let state = serde_json::to_value(&self.state)?;
-        let entry = FsmEntry::of::<F>();
-        if let Some(step) = &self.opts.step {
-            entry.check_step(step)?;
-        }
-        let row = NewInstance::from_parts(
-            F::NAME,
-            F::VERSION,
-            F::initial().step_name(),
-            F::QUEUE,
-            F::MAX_REAPS,
-            state,
-            self.opts,
-        );
-        row.validate()?;
-        Ok(row)
+        FsmEntry::of::<F>().new_instance(state, self.opts)
     }
 }
 
@@ -333,7 +280,7 @@ impl<'c, F: Fsm> Insert<'c, F> {
 }
 
 impl<F: Fsm> Insert<'_, F> {
-    insert_option_setters!(entry.opts);
+    crate::insert_option_setters!(entry.opts);
 }
 
 /// `.await` inserts on the client's pool, sharing a statement with the client's other
@@ -387,7 +334,7 @@ pub struct InsertJson<'c> {
 }
 
 impl<'c> InsertJson<'c> {
-    insert_option_setters!(opts);
+    crate::insert_option_setters!(opts);
 
     /// Checks the FSM, version, step and state, then runs the insert on `db`.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<i64> {
@@ -396,21 +343,10 @@ impl<'c> InsertJson<'c> {
     }
 
     fn resolve(self) -> Result<(&'c Client, NewInstance)> {
-        let entry = *self.client.registry.resolve(&self.fsm, self.version)?;
-        if let Some(step) = &self.opts.step {
-            entry.check_step(step)?;
-        }
-        entry.check_state(&self.state)?;
-        let row = NewInstance::from_parts(
-            entry.name,
-            entry.version,
-            entry.initial(),
-            entry.queue,
-            entry.max_reaps,
-            self.state,
-            self.opts,
-        );
-        row.validate()?;
+        let row =
+            self.client
+                .registry
+                .new_instance(&self.fsm, self.version, self.state, self.opts)?;
         Ok((self.client, row))
     }
 }
@@ -438,24 +374,6 @@ pub struct SignalSend<'c> {
     dedup_key: Option<String>,
 }
 
-/// What a cancel did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cancelled {
-    /// Instances (the target and live descendants) failed at once.
-    pub failed: usize,
-    /// Executing instances that will fail after their current step.
-    pub after_current_step: usize,
-}
-
-/// What a delivery did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivery {
-    /// The stored signal's id; `None` when a signal with the same dedup key was already stored.
-    pub signal_id: Option<i64>,
-    /// True if the instance was awaiting this name and is now runnable.
-    pub woke: bool,
-}
-
 impl SignalSend<'_> {
     /// A redelivery with the same key to the same instance stores nothing and succeeds.
     pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
@@ -471,7 +389,7 @@ impl SignalSend<'_> {
             self.dedup_key.as_deref(),
             self.client.max_signal_payload,
         )?;
-        let d = pg::signal::deliver(
+        pg::signal::deliver(
             db,
             self.id,
             &self.name,
@@ -479,18 +397,8 @@ impl SignalSend<'_> {
             self.dedup_key.as_deref(),
             self.client.clock.now_param(),
         )
-        .await?;
-        match d.status {
-            None => Err(Error::NotFound { id: self.id }),
-            Some(st) if st.is_terminal() => Err(Error::Finished {
-                id: self.id,
-                status: st.to_string(),
-            }),
-            Some(_) => Ok(Delivery {
-                signal_id: d.signal_id,
-                woke: d.woke,
-            }),
-        }
+        .await?
+        .answer(self.id)
     }
 }
 

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::ctx::Ctx;
 use crate::kind::OutcomeKind;
-use crate::options::{insert_option_setters, InsertOptions};
+use crate::options::InsertOptions;
+use crate::registry::FsmEntry;
 use crate::state::DurableState;
 
 /// The future a step handler returns.
@@ -260,12 +261,7 @@ pub fn backoff_capped(attempt: i32, cap: Duration) -> Duration {
 /// A child instance to insert with [`Step::schedule_children`]: any FSM, any insert options.
 #[derive(Debug, Clone)]
 pub struct Child {
-    pub(crate) fsm: &'static str,
-    pub(crate) version: i32,
-    pub(crate) initial: &'static str,
-    pub(crate) steps: &'static [&'static str],
-    pub(crate) default_queue: &'static str,
-    pub(crate) max_reaps: i32,
+    pub(crate) entry: FsmEntry,
     pub(crate) state: Result<Value, String>,
     pub(crate) opts: InsertOptions,
 }
@@ -274,16 +270,11 @@ impl Child {
     /// A child of FSM `C` starting from `state`.
     pub fn new<C: Fsm>(state: C::State) -> Self {
         Child {
-            fsm: C::NAME,
-            version: C::VERSION,
-            initial: C::initial().step_name(),
-            steps: C::STEPS,
-            default_queue: C::QUEUE,
-            max_reaps: C::MAX_REAPS,
+            entry: FsmEntry::of::<C>(),
             state: serde_json::to_value(&state).map_err(|e| e.to_string()),
             opts: InsertOptions::default(),
         }
     }
 
-    insert_option_setters!(opts);
+    crate::insert_option_setters!(opts);
 }

@@ -23,6 +23,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::oneshot;
 
+use crate::answers::inserted;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
@@ -196,8 +197,7 @@ async fn insert_group(
 async fn alone(t: &Target, conn: &mut PgConnection, row: &NewInstance) -> Result<i64> {
     let notify = !t.notifier.claim([row.queue.as_str()]).is_empty();
     let id = insert_one(&mut *conn, row, notify, t.clock.now_param()).await?;
-    // Keyless: never dropped.
-    id.ok_or_else(|| Error::Duplicate { key: String::new() })
+    inserted(id, None)
 }
 
 /// The same failure, for every call of a group (errors are not `Clone`).

@@ -67,6 +67,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod answers;
 mod client;
 mod clock;
 mod ctx;
@@ -81,6 +82,7 @@ mod notify;
 mod options;
 mod pool;
 mod registry;
+#[doc(hidden)]
 pub mod runtime;
 mod state;
 mod status;
@@ -93,8 +95,11 @@ mod validate;
 #[doc(hidden)]
 pub mod cli;
 
+#[doc(hidden)]
+pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};
+pub use answers::{Cancelled, Delivery};
 pub use client::{
-    Client, Delivery, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
+    Client, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
 pub use clock::Clock;
 pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};

@@ -1,4 +1,5 @@
-//! Insert options shared by [`crate::Client::insert`], [`crate::Entry`] and [`crate::Child`].
+//! Insert options shared by [`crate::Client::insert`], [`crate::Entry`] and [`crate::Child`]
+//! (and the testkit's inserts): the list is written once, in `__insert_options`.
 
 use std::time::Duration;
 
@@ -46,55 +47,92 @@ impl InsertOptions {
     }
 }
 
-/// Generates the option setters on a builder whose `InsertOptions` sit at `$field`
-/// (e.g. `opts`, or `entry.opts` for a builder wrapping an entry).
-macro_rules! insert_option_setters {
-    ($($field:ident).+) => {
-        /// Starts at this step (its stored name) instead of the FSM's initial step.
-        pub fn step(mut self, step: impl Into<String>) -> Self {
-            self.$($field).+.step = Some(step.into());
+/// The insert options, listed once: each one's documentation, setter signature and how
+/// it is stored. `$crate::insert_option_setters!` expands this list in one of two modes.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __insert_options {
+    ($mode:tt) => {
+        $crate::__insert_option! { $mode
+            /// Starts at this step (its stored name) instead of the FSM's initial step.
+            step(step: impl Into<String>) => step = Some(step.into());
+        }
+        $crate::__insert_option! { $mode
+            /// Runs on this queue instead of the FSM's.
+            queue(queue: impl Into<String>) => queue = Some(queue.into());
+        }
+        $crate::__insert_option! { $mode
+            /// Lower runs first; default 0.
+            priority(priority: i16) => priority = priority;
+        }
+        $crate::__insert_option! { $mode
+            /// Instances sharing a partition key never run steps at the same time.
+            partition_key(key: impl Into<String>) => partition_key = Some(key.into());
+        }
+        $crate::__insert_option! { $mode
+            /// At most one instance holds this key while its status is in the unique scope.
+            unique_key(key: impl Into<String>) => unique_key = Some(key.into());
+        }
+        $crate::__insert_option! { $mode
+            /// The statuses in which the unique key is occupied; default: every non-terminal status.
+            unique_scope(scope: impl IntoIterator<Item = $crate::Status>)
+                => unique_scope = Some(scope.into_iter().collect());
+        }
+        $crate::__insert_option! { $mode
+            /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
+            eligible_at(at: ::chrono::DateTime<::chrono::Utc>) => eligible_at = Some(at);
+        }
+        $crate::__insert_option! { $mode
+            /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
+            schedule_at(at: ::chrono::DateTime<::chrono::Utc>) => schedule_at = Some(at);
+        }
+        $crate::__insert_option! { $mode
+            /// Runnable this long after the database's `now()` (the testkit's virtual now).
+            schedule_in(delay: ::std::time::Duration) => schedule_in = Some(delay);
+        }
+    };
+}
+
+/// One setter of `__insert_options`: on [`InsertOptions`] itself (`[own]`: it sets the
+/// field), or on a builder holding one at `$path` (`[forward path]`: it calls the
+/// `InsertOptions` setter of the same name, so it works from any crate).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __insert_option {
+    ([own] $(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;) => {
+        $(#[$doc])*
+        pub fn $name(mut self, $arg: $ty) -> Self {
+            self.$field = $value;
             self
         }
-        /// Runs on this queue instead of the FSM's.
-        pub fn queue(mut self, queue: impl Into<String>) -> Self {
-            self.$($field).+.queue = Some(queue.into());
-            self
-        }
-        /// Lower runs first; default 0.
-        pub fn priority(mut self, priority: i16) -> Self {
-            self.$($field).+.priority = priority;
-            self
-        }
-        /// Instances sharing a partition key never run steps at the same time.
-        pub fn partition_key(mut self, key: impl Into<String>) -> Self {
-            self.$($field).+.partition_key = Some(key.into());
-            self
-        }
-        /// At most one instance holds this key while its status is in the unique scope.
-        pub fn unique_key(mut self, key: impl Into<String>) -> Self {
-            self.$($field).+.unique_key = Some(key.into());
-            self
-        }
-        /// The statuses in which the unique key is occupied; default: every non-terminal status.
-        pub fn unique_scope(mut self, scope: impl IntoIterator<Item = $crate::Status>) -> Self {
-            self.$($field).+.unique_scope = Some(scope.into_iter().collect());
-            self
-        }
-        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
-        pub fn eligible_at(mut self, at: ::chrono::DateTime<::chrono::Utc>) -> Self {
-            self.$($field).+.eligible_at = Some(at);
-            self
-        }
-        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
-        pub fn schedule_at(mut self, at: ::chrono::DateTime<::chrono::Utc>) -> Self {
-            self.$($field).+.schedule_at = Some(at);
-            self
-        }
-        /// Runnable this long after the database's `now()` (not the caller's clock).
-        pub fn schedule_in(mut self, delay: ::std::time::Duration) -> Self {
-            self.$($field).+.schedule_in = Some(delay);
+    };
+    ([forward $($path:ident).+] $(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;) => {
+        $(#[$doc])*
+        pub fn $name(mut self, $arg: $ty) -> Self {
+            self.$($path).+ = ::std::mem::take(&mut self.$($path).+).$name($arg);
             self
         }
     };
 }
-pub(crate) use insert_option_setters;
+
+/// The insert-option setters on a builder whose [`InsertOptions`] sit at `$path` (e.g.
+/// `opts`, or `entry.opts`), plus `options(..)` to set them all at once. The testkit's
+/// builders use it too, so every insert builder has the same options.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! insert_option_setters {
+    ($($path:ident).+) => {
+        $crate::__insert_options!([forward $($path).+]);
+
+        /// Replaces every insert option with `options` (an `InsertOptions` built with
+        /// the same setters).
+        pub fn options(mut self, options: $crate::InsertOptions) -> Self {
+            self.$($path).+ = options;
+            self
+        }
+    };
+}
+
+impl InsertOptions {
+    __insert_options!([own]);
+}

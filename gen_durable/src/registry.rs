@@ -2,7 +2,7 @@
 //!
 //! Every `#[durable_fsm]` / `#[durable_job]` type linked into the binary submits an
 //! [`FsmEntry`] through `inventory`; [`Registry::linked`] collects them, and
-//! `Engine::builder(..).fsm::<T>()` adds one explicitly.
+//! `Engine::builder(..).register::<T>()` adds one explicitly.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
-use crate::runtime::{run_erased, StepInput, StepOutput};
+use crate::options::InsertOptions;
+use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput};
 use crate::state::{CastError, DurableState};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,
@@ -83,6 +84,27 @@ impl FsmEntry {
     /// Checks that `state` casts into this FSM's state type.
     pub fn check_state(&self, state: &Value) -> std::result::Result<(), CastError> {
         (self.cast)(state)
+    }
+
+    /// The row an insert of this FSM writes: `state` (already JSON) with `opts`, its start
+    /// step checked against the FSM's steps and every value against what PostgreSQL
+    /// stores. Every insert path reduces to this: `insert`, `insert_all`, `insert_json`,
+    /// a child, and the testkit's.
+    pub fn new_instance(&self, state: Value, opts: InsertOptions) -> Result<NewInstance> {
+        if let Some(step) = &opts.step {
+            self.check_step(step)?;
+        }
+        let row = NewInstance::from_parts(
+            self.name,
+            self.version,
+            self.initial(),
+            self.queue,
+            self.max_reaps,
+            state,
+            opts,
+        );
+        row.validate()?;
+        Ok(row)
     }
 
     /// Checks that `step` is one of this FSM's stored step names.
@@ -159,6 +181,21 @@ impl Registry {
                 known: versions,
             })
         }
+    }
+
+    /// The row an insert by name writes (`Client::insert_json`, the testkit's): the FSM
+    /// version resolved, `state` checked to cast into its state type, then as
+    /// [`FsmEntry::new_instance`].
+    pub fn new_instance(
+        &self,
+        fsm: &str,
+        version: i32,
+        state: Value,
+        opts: InsertOptions,
+    ) -> Result<NewInstance> {
+        let entry = self.resolve(fsm, version)?;
+        entry.check_state(&state)?;
+        entry.new_instance(state, opts)
     }
 
     /// The entry for `(name, version)`, if registered.

@@ -176,7 +176,7 @@ impl NewInstance {
     /// defaults to `initial`, the queue to `default_queue`, a unique key without a scope
     /// holds in every non-terminal status, and `eligible_at` takes precedence over
     /// `schedule_at`, which takes precedence over `schedule_in`.
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         fsm: &str,
         version: i32,
         initial: &str,
@@ -208,29 +208,13 @@ impl NewInstance {
 impl Child {
     /// Checks the child and turns it into a row.
     fn into_new_instance(self) -> Result<NewInstance, String> {
+        let fsm = self.entry.name;
         let state = self
             .state
-            .map_err(|e| format!("child {} state does not serialize: {e}", self.fsm))?;
-        if let Some(step) = &self.opts.step {
-            if !self.steps.contains(&step.as_str()) {
-                return Err(format!(
-                    "child {} has no step {step:?} (steps: {:?})",
-                    self.fsm, self.steps
-                ));
-            }
-        }
-        let row = NewInstance::from_parts(
-            self.fsm,
-            self.version,
-            self.initial,
-            self.default_queue,
-            self.max_reaps,
-            state,
-            self.opts,
-        );
-        row.validate()
-            .map_err(|e| format!("child {}: {e}", self.fsm))?;
-        Ok(row)
+            .map_err(|e| format!("child {fsm} state does not serialize: {e}"))?;
+        self.entry
+            .new_instance(state, self.opts)
+            .map_err(|e| format!("child {fsm}: {e}"))
     }
 }
 

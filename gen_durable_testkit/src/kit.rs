@@ -1,19 +1,19 @@
 //! [`TestKit`]: the in-memory engine on a virtual clock.
 
 use std::collections::HashMap;
-use std::future::{ready, IntoFuture, Ready};
-use std::sync::{Arc, Mutex};
+use std::future::{ready, Ready};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
 use gen_durable::{
-    Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, InsertOptions, OutcomeKind, Registry,
-    Result, Status,
+    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, OutcomeKind, Registry, Result,
+    Status,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::builders::{KitInsert, KitInsertJson, KitSignal, Outbox, SignalSender};
 use crate::instance::Instance;
 use crate::store::Store;
 use crate::tally::Tally;
@@ -23,17 +23,6 @@ pub fn epoch() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0)
         .single()
         .expect("a valid instant")
-}
-
-/// What a cancel did; the same fields as the `Cancelled` that `Client::cancel` returns
-/// (which `gen_durable` does not re-export yet, so the kit cannot name it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cancelled {
-    /// Instances (the target and live descendants) failed at once.
-    pub failed: usize,
-    /// Executing instances that will fail after their current step: always 0 in the
-    /// kit, where no step runs between calls.
-    pub after_current_step: usize,
 }
 
 /// The default `max_steps` of one `run_until_idle`.
@@ -58,16 +47,8 @@ pub struct TestKit {
     events: Vec<Event>,
     max_steps: usize,
     max_signal_payload: usize,
-    outbox: Arc<Mutex<Vec<Deferred>>>,
+    outbox: Outbox,
     sent: Vec<(i64, String, Result<Delivery>)>,
-}
-
-#[derive(Debug)]
-struct Deferred {
-    id: i64,
-    name: String,
-    payload: Value,
-    dedup_key: Option<String>,
 }
 
 impl Default for TestKit {
@@ -87,7 +68,7 @@ impl TestKit {
             events: Vec::new(),
             max_steps: DEFAULT_MAX_STEPS,
             max_signal_payload: gen_durable::DEFAULT_MAX_SIGNAL_PAYLOAD,
-            outbox: Arc::default(),
+            outbox: Outbox::default(),
             sent: Vec::new(),
         }
     }
@@ -102,6 +83,11 @@ impl TestKit {
     pub fn register<F: Fsm>(mut self) -> Self {
         self.registry.register::<F>();
         self
+    }
+
+    /// Adds `F` to the FSMs this kit runs (an insert of `F` does it).
+    pub(crate) fn register_fsm<F: Fsm>(&mut self) {
+        self.registry.register::<F>();
     }
 
     /// Starts the clock at `at` instead of [`epoch`].
@@ -146,10 +132,7 @@ impl TestKit {
     /// Starts an insert of one instance of `F` (registering `F` if needed). Set options,
     /// then `.await` it: `Ok(id)` or [`Error::Duplicate`].
     pub fn insert<F: Fsm>(&mut self, state: F::State) -> KitInsert<'_, F> {
-        KitInsert {
-            kit: self,
-            entry: Entry::new(state),
-        }
+        KitInsert::new(self, state)
     }
 
     /// Inserts many instances of `F` at once, each a [`gen_durable::Entry`] as for
@@ -159,7 +142,7 @@ impl TestKit {
         &mut self,
         entries: impl IntoIterator<Item = Entry<F>>,
     ) -> Ready<Result<Vec<i64>>> {
-        self.registry.register::<F>();
+        self.register_fsm::<F>();
         let rows = entries
             .into_iter()
             .map(Entry::into_new_instance)
@@ -167,33 +150,15 @@ impl TestKit {
         ready(rows.map(|rows| self.insert_rows(rows)))
     }
 
-    /// Inserts an instance by FSM name and version, checked against the registry like
-    /// `Client::insert_json` (starting at `step`, or the initial step if `None`).
+    /// Starts an insert by FSM name and version, checked against the registry like
+    /// `Client::insert_json`. Set options, then `.await` it.
     pub fn insert_json(
         &mut self,
-        fsm: &str,
+        fsm: impl Into<String>,
         version: i32,
-        step: Option<&str>,
         state: Value,
-    ) -> Result<i64> {
-        let entry = *self.registry.resolve(fsm, version)?;
-        if let Some(step) = step {
-            entry.check_step(step)?;
-        }
-        entry.check_state(&state)?;
-        let mut row = NewInstance::from_parts(
-            entry.name,
-            entry.version,
-            entry.initial(),
-            entry.queue,
-            entry.max_reaps,
-            state,
-            InsertOptions::default(),
-        );
-        if let Some(step) = step {
-            row.step = step.to_string();
-        }
-        self.insert_one(row)
+    ) -> KitInsertJson<'_> {
+        KitInsertJson::new(self, fsm.into(), version, state)
     }
 
     /// Inserts rows already type-erased (what `insert`, `insert_all` and
@@ -208,30 +173,20 @@ impl TestKit {
             .collect()
     }
 
-    fn insert_one(&mut self, row: NewInstance) -> Result<i64> {
+    pub(crate) fn insert_one(&mut self, row: NewInstance) -> Result<i64> {
         let key = row.unique_key.clone();
-        self.insert_rows(vec![row])
-            .first()
-            .copied()
-            .ok_or_else(|| Error::Duplicate {
-                key: key.unwrap_or_default(),
-            })
+        let id = self.insert_rows(vec![row]).first().copied();
+        gen_durable::inserted(id, key.as_deref())
     }
 
     /// Starts a signal delivery to instance `id`; `.dedup_key(k)` optional, then
     /// `.await` it. Errors exactly as `Client::signal`: `NotFound`, `Finished`, a bad
     /// name or an oversized payload, and nothing stored.
     pub fn signal(&mut self, id: i64, name: impl Into<String>, payload: Value) -> KitSignal<'_> {
-        KitSignal {
-            kit: self,
-            id,
-            name: name.into(),
-            payload,
-            dedup_key: None,
-        }
+        KitSignal::new(self, id, name.into(), payload)
     }
 
-    fn deliver(
+    pub(crate) fn deliver(
         &mut self,
         id: i64,
         name: &str,
@@ -245,18 +200,9 @@ impl TestKit {
             self.max_signal_payload,
         )?;
         let now = self.now();
-        let d = self.store.deliver(id, name, payload, dedup_key, now);
-        match d.status {
-            None => Err(Error::NotFound { id }),
-            Some(st) if st.is_terminal() => Err(Error::Finished {
-                id,
-                status: st.to_string(),
-            }),
-            Some(_) => Ok(Delivery {
-                signal_id: d.signal_id,
-                woke: d.woke,
-            }),
-        }
+        self.store
+            .deliver(id, name, payload, dedup_key, now)
+            .answer(id)
     }
 
     /// A handle a step (or anything else) can send signals through while the kit runs:
@@ -264,9 +210,7 @@ impl TestKit {
     /// commits — as a signal that arrives while a step runs does on Postgres. Results
     /// are kept in [`TestKit::sent`].
     pub fn sender(&self) -> SignalSender {
-        SignalSender {
-            outbox: self.outbox.clone(),
-        }
+        SignalSender::new(self.outbox.clone())
     }
 
     /// The deliveries made through [`TestKit::sender`] so far: target, name, result.
@@ -275,8 +219,7 @@ impl TestKit {
     }
 
     fn deliver_deferred(&mut self) {
-        let pending: Vec<Deferred> = std::mem::take(&mut *self.outbox.lock().expect("outbox"));
-        for d in pending {
+        for d in self.outbox.take() {
             let r = self.deliver(d.id, &d.name, d.payload, d.dedup_key);
             self.sent.push((d.id, d.name, r));
         }
@@ -287,22 +230,8 @@ impl TestKit {
     /// `NotFound` for an unknown id, `Finished` for a terminal one. No step runs between
     /// the kit's calls, so `after_current_step` is always 0.
     pub fn cancel(&mut self, id: i64) -> Ready<Result<Cancelled>> {
-        ready(self.cancel_now(id))
-    }
-
-    fn cancel_now(&mut self, id: i64) -> Result<Cancelled> {
-        let status = self.status_of(id)?;
-        if status.is_terminal() {
-            return Err(Error::Finished {
-                id,
-                status: status.to_string(),
-            });
-        }
         let now = self.now();
-        Ok(Cancelled {
-            failed: self.store.cancel(id, now),
-            after_current_step: 0,
-        })
+        ready(self.store.cancel(id, now).answer(id))
     }
 
     /// Makes a failed instance runnable again at its step, now, with `attempt` 0, like
@@ -310,37 +239,8 @@ impl TestKit {
     /// `failed`, `ParentMovedOn` for a child whose parent no longer waits for it,
     /// `Duplicate` if its unique key was taken since it failed.
     pub fn retry(&mut self, id: i64) -> Ready<Result<()>> {
-        ready(self.retry_now(id))
-    }
-
-    fn retry_now(&mut self, id: i64) -> Result<()> {
-        let status = self.status_of(id)?;
-        if status != Status::Failed {
-            return Err(Error::WrongStatus {
-                id,
-                status: status.to_string(),
-                what: "only a failed instance can be retried",
-            });
-        }
-        // As `Client::retry`: a child only while its parent waits for its children.
-        let parent = self.store.row(id).and_then(|r| r.parent_id);
-        let rearm = match parent.and_then(|p| self.store.row(p)) {
-            Some(p) if p.status == Status::AwaitingChildren => Some(p.id),
-            Some(p) => {
-                return Err(Error::ParentMovedOn {
-                    id,
-                    parent: p.id,
-                    status: p.status.to_string(),
-                })
-            }
-            None => None,
-        };
         let now = self.now();
-        self.store
-            .retry(id, now, rearm)
-            .map_err(|()| Error::Duplicate {
-                key: format!("(the unique key of instance {id})"),
-            })
+        ready(self.store.retry(id, now).answer(id))
     }
 
     /// Simulates a lost worker: runnable instance `id` is claimed by a worker that dies
@@ -563,130 +463,5 @@ impl TestKit {
         let i = self.instance(id);
         i.assert_status(status);
         i
-    }
-}
-
-/// Sends signals into a running [`TestKit`]; see [`TestKit::sender`]. Cheap to clone,
-/// `Send + Sync`.
-#[derive(Debug, Clone)]
-pub struct SignalSender {
-    outbox: Arc<Mutex<Vec<Deferred>>>,
-}
-
-impl SignalSender {
-    /// Queues a signal for delivery when the running step returns.
-    pub fn send(&self, id: i64, name: impl Into<String>, payload: Value) {
-        self.push(id, name.into(), payload, None);
-    }
-
-    /// Like [`SignalSender::send`], with a dedup key.
-    pub fn send_dedup(
-        &self,
-        id: i64,
-        name: impl Into<String>,
-        payload: Value,
-        key: impl Into<String>,
-    ) {
-        self.push(id, name.into(), payload, Some(key.into()));
-    }
-
-    fn push(&self, id: i64, name: String, payload: Value, dedup_key: Option<String>) {
-        self.outbox.lock().expect("outbox").push(Deferred {
-            id,
-            name,
-            payload,
-            dedup_key,
-        });
-    }
-}
-
-/// A pending insert into a [`TestKit`]: a [`gen_durable::Entry`] and the kit it goes
-/// into. Set options (as on `Client::insert`), then `.await` it.
-#[derive(Debug)]
-#[must_use = "an insert does nothing until awaited"]
-pub struct KitInsert<'k, F: Fsm> {
-    kit: &'k mut TestKit,
-    entry: Entry<F>,
-}
-
-/// Generates setters that forward to the [`Entry`] setter of the same name.
-macro_rules! forward_to_entry {
-    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {
-        $(
-            $(#[$doc])*
-            pub fn $name(self, $arg: $ty) -> Self {
-                KitInsert {
-                    entry: self.entry.$name($arg),
-                    ..self
-                }
-            }
-        )*
-    };
-}
-
-impl<F: Fsm> KitInsert<'_, F> {
-    forward_to_entry! {
-        /// Starts at this step (its stored name) instead of the FSM's initial step.
-        step(step: impl Into<String>);
-        /// Runs on this queue instead of the FSM's.
-        queue(queue: impl Into<String>);
-        /// Lower runs first; default 0.
-        priority(priority: i16);
-        /// Instances sharing a partition key never run steps at the same time.
-        partition_key(key: impl Into<String>);
-        /// At most one instance holds this key while its status is in the unique scope.
-        unique_key(key: impl Into<String>);
-        /// The statuses in which the unique key is occupied; default: every non-terminal status.
-        unique_scope(scope: impl IntoIterator<Item = Status>);
-        /// Runnable from this instant on. Takes precedence over `schedule_at` and `schedule_in`.
-        eligible_at(at: DateTime<Utc>);
-        /// Sugar for `eligible_at`; takes precedence over `schedule_in`.
-        schedule_at(at: DateTime<Utc>);
-        /// Runnable this long after the kit's virtual now.
-        schedule_in(delay: Duration);
-    }
-}
-
-impl<F: Fsm> IntoFuture for KitInsert<'_, F> {
-    type Output = Result<i64>;
-    type IntoFuture = Ready<Result<i64>>;
-    fn into_future(self) -> Self::IntoFuture {
-        self.kit.registry.register::<F>();
-        ready(
-            self.entry
-                .into_new_instance()
-                .and_then(|row| self.kit.insert_one(row)),
-        )
-    }
-}
-
-/// A pending signal delivery into a [`TestKit`]; `.await` it.
-#[derive(Debug)]
-#[must_use = "a signal is not sent until awaited"]
-pub struct KitSignal<'k> {
-    kit: &'k mut TestKit,
-    id: i64,
-    name: String,
-    payload: Value,
-    dedup_key: Option<String>,
-}
-
-impl KitSignal<'_> {
-    /// A redelivery with the same key to the same instance stores nothing and succeeds,
-    /// while the first is stored.
-    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
-        self.dedup_key = Some(key.into());
-        self
-    }
-}
-
-impl IntoFuture for KitSignal<'_> {
-    type Output = Result<Delivery>;
-    type IntoFuture = Ready<Result<Delivery>>;
-    fn into_future(self) -> Self::IntoFuture {
-        ready(
-            self.kit
-                .deliver(self.id, &self.name, self.payload, self.dedup_key),
-        )
     }
 }

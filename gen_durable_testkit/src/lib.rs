@@ -53,6 +53,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod builders;
 mod instance;
 mod kit;
 pub mod pg;
@@ -60,7 +61,8 @@ pub mod statements;
 mod store;
 mod tally;
 
+pub use builders::{KitInsert, KitInsertJson, KitSignal, SignalSender};
 pub use instance::Instance;
-pub use kit::{epoch, Cancelled, KitInsert, KitSignal, SignalSender, TestKit, DEFAULT_MAX_STEPS};
+pub use kit::{epoch, TestKit, DEFAULT_MAX_STEPS};
 pub use pg::TestDb;
 pub use tally::Tally;

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
-use gen_durable::{ChildInfo, OutcomeKind, Registry, Signal, Status};
+use gen_durable::{
+    CancelFound, ChildInfo, DeliveryFound, OutcomeKind, Registry, RetryFound, Signal, Status,
+};
 use serde_json::Value;
 
 use crate::instance::Instance;
@@ -64,14 +66,6 @@ fn guard<'a>(
 struct StoredSignal {
     target: i64,
     signal: Signal,
-}
-
-/// What one delivery found and did (mirrors `Delivered`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Delivered {
-    pub(crate) status: Option<Status>,
-    pub(crate) signal_id: Option<i64>,
-    pub(crate) woke: bool,
 }
 
 #[derive(Debug, Default)]
@@ -233,9 +227,9 @@ impl Store {
         payload: Value,
         dedup_key: Option<String>,
         now: DateTime<Utc>,
-    ) -> Delivered {
+    ) -> DeliveryFound {
         let Some(row) = self.rows.get(&target) else {
-            return Delivered {
+            return DeliveryFound {
                 status: None,
                 signal_id: None,
                 woke: false,
@@ -243,7 +237,7 @@ impl Store {
         };
         let status = row.status;
         if status.is_terminal() {
-            return Delivered {
+            return DeliveryFound {
                 status: Some(status),
                 signal_id: None,
                 woke: false,
@@ -255,7 +249,7 @@ impl Store {
                 .any(|s| s.target == target && s.signal.dedup_key.as_ref() == Some(k))
         });
         if duplicate {
-            return Delivered {
+            return DeliveryFound {
                 status: Some(status),
                 signal_id: None,
                 woke: false,
@@ -283,7 +277,7 @@ impl Store {
             row.eligible_at = now;
             row.await_deadline = None;
         }
-        Delivered {
+        DeliveryFound {
             status: Some(status),
             signal_id: Some(id),
             woke,
@@ -466,7 +460,12 @@ impl Store {
     /// parent counts each of its cancelled children down (one outside the tree wakes at
     /// zero), so `children_pending` keeps counting live children. Returns how many
     /// failed. The kit runs no step between calls, so none is `executing`.
-    pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> usize {
+    pub(crate) fn cancel(&mut self, id: i64, now: DateTime<Utc>) -> CancelFound {
+        match self.rows.get(&id) {
+            None => return CancelFound::NotFound,
+            Some(row) if row.status.is_terminal() => return CancelFound::Finished(row.status),
+            Some(_) => {}
+        }
         let mut tree = vec![id];
         let mut i = 0;
         while i < tree.len() {
@@ -499,28 +498,41 @@ impl Store {
         for &(t, parent) in &failed {
             self.finished(t, parent, now);
         }
-        failed.len()
+        CancelFound::Cancelled {
+            failed: failed.len(),
+            flagged: 0,
+        }
     }
 
     /// RETRY: a failed instance is runnable again at the step it failed in, now, with
     /// `attempt` and `reaps` reset and nothing awaited — or awaits its children again if some are
-    /// still live (`children_pending` recounted); a child re-arms its parent when the
-    /// caller found it awaiting its children. `Err(())` if its unique key is taken
+    /// still live (`children_pending` recounted). A child is retried only while its
+    /// parent awaits its children, and re-arms it. `KeyTaken` if its unique key was taken
     /// meanwhile (the guard's unique index refuses the update).
-    pub(crate) fn retry(
-        &mut self,
-        id: i64,
-        now: DateTime<Utc>,
-        rearm: Option<i64>,
-    ) -> Result<(), ()> {
-        let row = self.rows.get(&id).expect("checked by the caller");
+    pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) -> RetryFound {
+        let Some(row) = self.rows.get(&id) else {
+            return RetryFound::NotFound;
+        };
+        if row.status != Status::Failed {
+            return RetryFound::NotFailed(row.status);
+        }
+        let rearm = match row.parent_id.and_then(|p| self.rows.get(&p)) {
+            Some(p) if p.status == Status::AwaitingChildren => Some(p.id),
+            Some(p) => {
+                return RetryFound::ParentMovedOn {
+                    parent: p.id,
+                    status: p.status,
+                }
+            }
+            None => None,
+        };
         if let Some(key) = guard(&row.unique_key, &row.unique_scope, Status::Runnable) {
             if self
                 .rows
                 .values()
                 .any(|r| r.id != id && r.guard() == Some(key))
             {
-                return Err(());
+                return RetryFound::KeyTaken;
             }
         }
         let live = self
@@ -542,6 +554,6 @@ impl Store {
         if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {
             p.children_pending += 1;
         }
-        Ok(())
+        RetryFound::Retried
     }
 }

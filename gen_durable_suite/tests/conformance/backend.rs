@@ -12,83 +12,16 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use gen_durable::Cancelled;
 use gen_durable::{
-    Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result, Status,
+    Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
 };
-use gen_durable_testkit::{epoch, Cancelled, Instance, SignalSender, Tally, TestDb, TestKit};
+use gen_durable_testkit::{epoch, Instance, SignalSender, Tally, TestDb, TestKit};
 use serde_json::Value;
 
-/// Insert options a scenario may set, applied to either backend's builder.
-#[derive(Debug, Clone, Default)]
-pub struct Opts {
-    pub step: Option<&'static str>,
-    pub priority: i16,
-    pub partition_key: Option<String>,
-    pub unique_key: Option<String>,
-    pub unique_scope: Option<Vec<Status>>,
-    pub schedule_in: Option<Duration>,
-}
-
-impl Opts {
-    pub fn step(step: &'static str) -> Self {
-        Opts {
-            step: Some(step),
-            ..Opts::default()
-        }
-    }
-    pub fn priority(priority: i16) -> Self {
-        Opts {
-            priority,
-            ..Opts::default()
-        }
-    }
-    pub fn unique(key: impl Into<String>) -> Self {
-        Opts {
-            unique_key: Some(key.into()),
-            ..Opts::default()
-        }
-    }
-    pub fn scope(mut self, scope: impl IntoIterator<Item = Status>) -> Self {
-        self.unique_scope = Some(scope.into_iter().collect());
-        self
-    }
-    pub fn partition(key: impl Into<String>) -> Self {
-        Opts {
-            partition_key: Some(key.into()),
-            ..Opts::default()
-        }
-    }
-    pub fn schedule_in(d: Duration) -> Self {
-        Opts {
-            schedule_in: Some(d),
-            ..Opts::default()
-        }
-    }
-}
-
-/// Applies `Opts` to any builder with gen_durable's option setters.
-macro_rules! with_opts {
-    ($b:expr, $o:expr) => {{
-        let o = $o;
-        let mut b = $b.priority(o.priority);
-        if let Some(s) = o.step {
-            b = b.step(s);
-        }
-        if let Some(k) = o.partition_key {
-            b = b.partition_key(k);
-        }
-        if let Some(k) = o.unique_key {
-            b = b.unique_key(k);
-        }
-        if let Some(s) = o.unique_scope {
-            b = b.unique_scope(s);
-        }
-        if let Some(d) = o.schedule_in {
-            b = b.schedule_in(d);
-        }
-        b
-    }};
-}
+/// Insert options a scenario may set: the library's own, applied to either backend's
+/// builder with `.options(o)`.
+pub use gen_durable::InsertOptions as Opts;
 
 /// How a step sends a signal while it runs (to test signals arriving mid-step).
 #[derive(Debug, Clone)]
@@ -195,12 +128,10 @@ impl Backend for Kit {
         self.kit.now()
     }
     async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64> {
-        with_opts!(self.kit.insert::<F>(state), o).await
+        self.kit.insert::<F>(state).options(o).await
     }
     async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>> {
-        let entries = rows
-            .into_iter()
-            .map(|(s, o)| with_opts!(Entry::<F>::new(s), o));
+        let entries = rows.into_iter().map(|(s, o)| Entry::<F>::new(s).options(o));
         self.kit.insert_all(entries).await
     }
     async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
@@ -339,12 +270,10 @@ impl Backend for Pg {
         self.clock.now_param().expect("manual clock")
     }
     async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64> {
-        with_opts!(self.client.insert::<F>(state), o).await
+        self.client.insert::<F>(state).options(o).await
     }
     async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>> {
-        let entries = rows
-            .into_iter()
-            .map(|(s, o)| with_opts!(Entry::<F>::new(s), o));
+        let entries = rows.into_iter().map(|(s, o)| Entry::<F>::new(s).options(o));
         self.client.insert_all(entries).await
     }
     async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {

@@ -230,17 +230,22 @@ async fn signals_sent_through_the_sender_are_reported() {
 async fn insert_json_checks_like_the_client() {
     let mut kit = kit();
     let id = kit
-        .insert_json("Counter", 1, Some("b"), json!({ "n": 1 }))
+        .insert_json("Counter", 1, json!({ "n": 1 }))
+        .step("b")
+        .await
         .unwrap();
     kit.run_until_idle().await;
     kit.assert_done(id, json!({ "total": 111 }));
-    assert!(kit.insert_json("Nope", 1, None, json!({})).is_err());
-    assert!(kit.insert_json("Counter", 9, None, json!({})).is_err());
+    assert!(kit.insert_json("Nope", 1, json!({})).await.is_err());
+    assert!(kit.insert_json("Counter", 9, json!({})).await.is_err());
     assert!(kit
-        .insert_json("Counter", 1, Some("zz"), json!({}))
+        .insert_json("Counter", 1, json!({}))
+        .step("zz")
+        .await
         .is_err());
     assert!(kit
-        .insert_json("Counter", 1, None, json!({ "n": "x" }))
+        .insert_json("Counter", 1, json!({ "n": "x" }))
+        .await
         .is_err());
 }
 

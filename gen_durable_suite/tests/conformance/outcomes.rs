@@ -109,7 +109,7 @@ pub async fn stop_fails_keeping_attempt_and_deleting_the_inbox<B: Backend>(b: &m
 
 pub async fn an_err_goes_to_handle<B: Backend>(b: &mut B) {
     let id = b
-        .insert::<Failing>(S::default(), Opts::step("fails"))
+        .insert::<Failing>(S::default(), Opts::default().step("fails"))
         .await
         .unwrap();
     assert_eq!(b.run().await.to_string(), "{done: 1, steps: 1}");
@@ -124,7 +124,7 @@ pub async fn an_err_goes_to_handle<B: Backend>(b: &mut B) {
 
 pub async fn a_panic_goes_to_handle<B: Backend>(b: &mut B) {
     let id = b
-        .insert::<Failing>(S::default(), Opts::step("panics"))
+        .insert::<Failing>(S::default(), Opts::default().step("panics"))
         .await
         .unwrap();
     assert_eq!(b.run().await.to_string(), "{done: 1, steps: 1}");
@@ -135,7 +135,7 @@ pub async fn a_panic_goes_to_handle<B: Backend>(b: &mut B) {
 
 pub async fn a_failing_handle_fails_the_instance<B: Backend>(b: &mut B) {
     let id = b
-        .insert::<Failing>(S::default(), Opts::step("handle_fails"))
+        .insert::<Failing>(S::default(), Opts::default().step("handle_fails"))
         .await
         .unwrap();
     assert_eq!(b.run().await.to_string(), "{stop: 1, steps: 1}");
@@ -157,7 +157,7 @@ pub async fn the_default_handle_stops_with_the_error<B: Backend>(b: &mut B) {
 
 pub async fn handle_sees_the_last_committed_state<B: Backend>(b: &mut B) {
     let id = b
-        .insert::<Failing>(S::n(5), Opts::step("mutates"))
+        .insert::<Failing>(S::n(5), Opts::default().step("mutates"))
         .await
         .unwrap();
     b.run().await;

@@ -16,7 +16,7 @@ pub async fn priorities_order_the_runs<B: Backend>(b: &mut B) {
             tag: tag.clone(),
             ..S::default()
         };
-        b.insert::<Logger>(state, Opts::priority(priority))
+        b.insert::<Logger>(state, Opts::default().priority(priority))
             .await
             .unwrap();
     }
@@ -26,7 +26,10 @@ pub async fn priorities_order_the_runs<B: Backend>(b: &mut B) {
 
 pub async fn schedule_in_is_never_early<B: Backend>(b: &mut B) {
     let later = b
-        .insert::<Clocked>(S::default(), Opts::schedule_in(Duration::from_secs(60)))
+        .insert::<Clocked>(
+            S::default(),
+            Opts::default().schedule_in(Duration::from_secs(60)),
+        )
         .await
         .unwrap();
     let now = b
@@ -47,13 +50,13 @@ pub async fn schedule_in_is_never_early<B: Backend>(b: &mut B) {
 
 pub async fn insert_at_a_named_step_and_reject_unknown_steps<B: Backend>(b: &mut B) {
     let id = b
-        .insert::<Counter>(S::default(), Opts::step("c"))
+        .insert::<Counter>(S::default(), Opts::default().step("c"))
         .await
         .unwrap();
     b.run().await;
     b.get(id).await.assert_done(json!({ "total": 100 }));
     let e = b
-        .insert::<Counter>(S::default(), Opts::step("nope"))
+        .insert::<Counter>(S::default(), Opts::default().step("nope"))
         .await
         .unwrap_err();
     assert!(
@@ -65,11 +68,11 @@ pub async fn insert_at_a_named_step_and_reject_unknown_steps<B: Backend>(b: &mut
 pub async fn unique_key_default_scope_frees_at_terminal<B: Backend>(b: &mut B) {
     let key = format!("{}:report", b.tag());
     let first = b
-        .insert::<Waiter>(S::default(), Opts::unique(&key))
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap();
     let e = b
-        .insert::<Counter>(S::default(), Opts::unique(&key))
+        .insert::<Counter>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap_err();
     assert!(
@@ -78,14 +81,15 @@ pub async fn unique_key_default_scope_frees_at_terminal<B: Backend>(b: &mut B) {
     );
     b.run().await; // parked: still occupied
     assert!(matches!(
-        b.insert::<Counter>(S::default(), Opts::unique(&key)).await,
+        b.insert::<Counter>(S::default(), Opts::default().unique_key(&key))
+            .await,
         Err(Error::Duplicate { .. })
     ));
     b.signal(first, "go", json!({})).await.unwrap();
     b.run().await;
     b.get(first).await.assert_status(Status::Done);
     let second = b
-        .insert::<Counter>(S::default(), Opts::unique(&key))
+        .insert::<Counter>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap();
     assert!(second > first);
@@ -97,7 +101,12 @@ pub async fn a_unique_scope_a_row_could_re_enter_is_refused<B: Backend>(b: &mut 
     // and nothing is written (RELIABILITY.md, E2).
     let key = format!("{}:runnable-only", b.tag());
     let r = b
-        .insert::<Waiter>(S::default(), Opts::unique(&key).scope([Status::Runnable]))
+        .insert::<Waiter>(
+            S::default(),
+            Opts::default()
+                .unique_key(&key)
+                .unique_scope([Status::Runnable]),
+        )
         .await;
     assert!(
         matches!(
@@ -111,13 +120,14 @@ pub async fn a_unique_scope_a_row_could_re_enter_is_refused<B: Backend>(b: &mut 
     );
     // The default scope holds the key while the row is parked.
     let first = b
-        .insert::<Waiter>(S::default(), Opts::unique(&key))
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap();
     b.run().await;
     b.get(first).await.assert_awaiting(["go"]);
     assert!(matches!(
-        b.insert::<Waiter>(S::default(), Opts::unique(&key)).await,
+        b.insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
+            .await,
         Err(Error::Duplicate { .. })
     ));
 }
@@ -126,14 +136,14 @@ pub async fn insert_all_drops_stored_and_batch_duplicates_not_null_keys<B: Backe
     let tag = b.tag().to_string();
     let k = |s: &str| format!("{tag}:{s}");
     let stored = b
-        .insert::<Counter>(S::default(), Opts::unique(k("one")))
+        .insert::<Counter>(S::default(), Opts::default().unique_key(k("one")))
         .await
         .unwrap();
     let rows = vec![
-        (S::n(1), Opts::unique(k("one"))), // occupied by a stored row
-        (S::n(2), Opts::unique(k("two"))),
-        (S::n(3), Opts::unique(k("two"))), // a duplicate within the batch
-        (S::n(4), Opts::default()),        // no key: never a duplicate
+        (S::n(1), Opts::default().unique_key(k("one"))), // occupied by a stored row
+        (S::n(2), Opts::default().unique_key(k("two"))),
+        (S::n(3), Opts::default().unique_key(k("two"))), // a duplicate within the batch
+        (S::n(4), Opts::default()),                      // no key: never a duplicate
         (S::n(5), Opts::default()),
     ];
     let ids = b.insert_all::<Counter>(rows).await.unwrap();
@@ -234,13 +244,13 @@ pub async fn retry_runs_a_failed_instance_again<B: Backend>(b: &mut B) {
 pub async fn retry_refuses_a_unique_key_taken_meanwhile<B: Backend>(b: &mut B) {
     let key = format!("{}:nightly", b.tag());
     let first = b
-        .insert::<Plain>(S::default(), Opts::unique(&key))
+        .insert::<Plain>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap();
     b.run().await;
     b.get(first).await.assert_failed("bad input");
     let second = b
-        .insert::<Waiter>(S::default(), Opts::unique(&key))
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
         .await
         .unwrap();
     assert!(matches!(b.retry(first).await, Err(Error::Duplicate { .. })));
@@ -254,7 +264,7 @@ pub async fn one_partition_never_runs_two_steps_at_once<B: Backend>(b: &mut B) {
     let tag = b.tag().to_string();
     let key = format!("{tag}:account");
     let a = b
-        .insert::<Parted>(S::tagged(&tag), Opts::partition(&key))
+        .insert::<Parted>(S::tagged(&tag), Opts::default().partition_key(&key))
         .await
         .unwrap();
     let c = b
@@ -262,7 +272,7 @@ pub async fn one_partition_never_runs_two_steps_at_once<B: Backend>(b: &mut B) {
         .await
         .unwrap();
     let d = b
-        .insert::<Parted>(S::tagged(&tag), Opts::partition(&key))
+        .insert::<Parted>(S::tagged(&tag), Opts::default().partition_key(&key))
         .await
         .unwrap();
     assert_eq!(b.run().await.to_string(), "{next: 6, done: 3, steps: 9}");

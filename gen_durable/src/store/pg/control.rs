@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use super::UNIQUE_VIOLATION;
+use crate::answers::{CancelFound, RetryFound};
 use crate::error::Result;
 use crate::Status;
 
@@ -61,27 +63,19 @@ SELECT (SELECT count(*) FROM failed) AS failed,
 const FAN_IN: &str =
     "/* gd:cancel */ SELECT count(pg_notify('gd_wake', q)) FROM gd_fan_in($1, coalesce($2, now())) AS q";
 
-/// What a cancel found and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CancelResult {
-    NotFound,
-    Finished(Status),
-    Done { failed: i64, flagged: i64 },
-}
-
 /// Cancels instance `id` and its live descendants; `conn` must be in a transaction.
 pub(crate) async fn cancel(
     conn: &mut PgConnection,
     id: i64,
     now: Option<DateTime<Utc>>,
-) -> Result<CancelResult> {
+) -> Result<CancelFound> {
     let locked: Vec<(i64, Status, bool)> = sqlx::query_as(CANCEL_TREE)
         .bind(id)
         .fetch_all(&mut *conn)
         .await?;
     match locked.iter().find(|(i, _, _)| *i == id) {
-        None => return Ok(CancelResult::NotFound),
-        Some((_, st, _)) if st.is_terminal() => return Ok(CancelResult::Finished(*st)),
+        None => return Ok(CancelFound::NotFound),
+        Some((_, st, _)) if st.is_terminal() => return Ok(CancelFound::Finished(*st)),
         Some(_) => {}
     }
     let ids: Vec<i64> = locked
@@ -101,7 +95,10 @@ pub(crate) async fn cancel(
             .execute(&mut *conn)
             .await?;
     }
-    Ok(CancelResult::Done { failed, flagged })
+    Ok(CancelFound::Cancelled {
+        failed: failed as usize,
+        flagged: flagged as usize,
+    })
 }
 
 /// A retry in one statement. `locked` takes the instance and its parent in id order (the
@@ -152,43 +149,35 @@ SELECT (SELECT status FROM target) AS status,
        (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable') AS woke
 "#;
 
-/// What a retry found and did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RetryResult {
-    NotFound,
-    /// Only a failed instance can be retried.
-    NotFailed(Status),
-    /// A child whose parent no longer waits for its children.
-    ParentMovedOn {
-        parent: i64,
-        status: Status,
-    },
-    Retried,
-}
+/// RETRY's row: the instance's status, its parent and the parent's status, rows retried,
+/// queues woken.
+type RetryRow = (Option<Status>, Option<i64>, Option<Status>, i64, i64);
 
 /// Retries instance `id`.
 pub(crate) async fn retry(
     conn: &mut PgConnection,
     id: i64,
     now: Option<DateTime<Utc>>,
-) -> Result<RetryResult> {
-    let (status, parent, parent_status, retried, _): (
-        Option<Status>,
-        Option<i64>,
-        Option<Status>,
-        i64,
-        i64,
-    ) = sqlx::query_as(RETRY)
+) -> Result<RetryFound> {
+    let found = sqlx::query_as::<_, RetryRow>(RETRY)
         .bind(id)
         .bind(now)
         .fetch_one(&mut *conn)
-        .await?;
-    Ok(match (status, parent.zip(parent_status)) {
-        (None, _) => RetryResult::NotFound,
-        (Some(_), _) if retried > 0 => RetryResult::Retried,
-        (Some(Status::Failed), Some((parent, status))) => {
-            RetryResult::ParentMovedOn { parent, status }
+        .await;
+    let (status, parent, parent_status, retried, _) = match found {
+        Ok(row) => row,
+        // The row came back into its unique key's scope while another row holds the key.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+            return Ok(RetryFound::KeyTaken)
         }
-        (Some(st), _) => RetryResult::NotFailed(st),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(match (status, parent.zip(parent_status)) {
+        (None, _) => RetryFound::NotFound,
+        (Some(_), _) if retried > 0 => RetryFound::Retried,
+        (Some(Status::Failed), Some((parent, status))) => {
+            RetryFound::ParentMovedOn { parent, status }
+        }
+        (Some(st), _) => RetryFound::NotFailed(st),
     })
 }

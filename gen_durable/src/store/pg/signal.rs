@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgExecutor;
 
+use crate::answers::DeliveryFound;
 use crate::error::Result;
 use crate::Status;
 
@@ -37,17 +38,7 @@ SELECT (SELECT status FROM target) AS status,
        (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
 "#;
 
-/// What one delivery did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Delivered {
-    /// The target's status before delivery; None if no such instance.
-    pub(crate) status: Option<Status>,
-    /// The new signal's id; None if nothing was stored.
-    pub(crate) signal_id: Option<i64>,
-    /// Whether the instance was woken.
-    pub(crate) woke: bool,
-}
-
+/// Delivers one signal; what it found is turned into the caller's answer in `answers`.
 pub(crate) async fn deliver<'e>(
     db: impl PgExecutor<'e>,
     target: i64,
@@ -55,7 +46,7 @@ pub(crate) async fn deliver<'e>(
     payload: &Value,
     dedup_key: Option<&str>,
     now: Option<DateTime<Utc>>,
-) -> Result<Delivered> {
+) -> Result<DeliveryFound> {
     let (status, signal_id, woke): (Option<Status>, Option<i64>, i64) = sqlx::query_as(DELIVER)
         .bind(target)
         .bind(name)
@@ -64,7 +55,7 @@ pub(crate) async fn deliver<'e>(
         .bind(now)
         .fetch_one(db)
         .await?;
-    Ok(Delivered {
+    Ok(DeliveryFound {
         status,
         signal_id,
         woke: woke > 0,

@@ -1,0 +1,168 @@
+//! What an operation found, turned into its caller's answer — once, for both engines.
+//!
+//! A store (the PostgreSQL statements, or the testkit's in-memory rows) reports what it
+//! found as one of the `…Found` values here; the mapping to the [`Error`] or value the
+//! caller sees lives only here, so `Client` and `TestKit` cannot disagree on it. The
+//! checks before a write live in `validate` ([`crate::check_signal`],
+//! `NewInstance::validate`) and in [`crate::Registry::new_instance`].
+
+use crate::error::{Error, Result};
+use crate::Status;
+
+/// What a cancel did: see `Client::cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cancelled {
+    /// Instances (the target and live descendants) failed at once.
+    pub failed: usize,
+    /// Executing instances that will fail after their current step (always 0 in the
+    /// testkit, where no step runs between calls).
+    pub after_current_step: usize,
+}
+
+/// What a delivery did: see `Client::signal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The stored signal's id; `None` when a signal with the same dedup key was already stored.
+    pub signal_id: Option<i64>,
+    /// True if the instance was awaiting this name and is now runnable.
+    pub woke: bool,
+}
+
+/// What a store found when it cancelled an instance.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelFound {
+    /// No such instance.
+    NotFound,
+    /// The instance had already finished.
+    Finished(Status),
+    /// Cancelled: `failed` rows failed at once, `flagged` executing rows fail after their step.
+    Cancelled {
+        /// Failed at once.
+        failed: usize,
+        /// Flagged while executing.
+        flagged: usize,
+    },
+}
+
+impl CancelFound {
+    /// The caller's answer for instance `id`.
+    pub fn answer(self, id: i64) -> Result<Cancelled> {
+        match self {
+            CancelFound::NotFound => Err(Error::NotFound { id }),
+            CancelFound::Finished(status) => Err(Error::Finished {
+                id,
+                status: status.to_string(),
+            }),
+            CancelFound::Cancelled { failed, flagged } => Ok(Cancelled {
+                failed,
+                after_current_step: flagged,
+            }),
+        }
+    }
+}
+
+/// What a store found when it retried an instance.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryFound {
+    /// No such instance.
+    NotFound,
+    /// Only a failed instance can be retried.
+    NotFailed(Status),
+    /// A child whose parent no longer waits for its children.
+    ParentMovedOn {
+        /// The parent's id.
+        parent: i64,
+        /// The parent's status.
+        status: Status,
+    },
+    /// Its unique key was taken since it failed.
+    KeyTaken,
+    /// Runnable again.
+    Retried,
+}
+
+impl RetryFound {
+    /// The caller's answer for instance `id`.
+    pub fn answer(self, id: i64) -> Result<()> {
+        match self {
+            RetryFound::NotFound => Err(Error::NotFound { id }),
+            RetryFound::Retried => Ok(()),
+            RetryFound::NotFailed(status) => Err(Error::WrongStatus {
+                id,
+                status: status.to_string(),
+                what: "only a failed instance can be retried",
+            }),
+            RetryFound::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
+                id,
+                parent,
+                status: status.to_string(),
+            }),
+            RetryFound::KeyTaken => Err(Error::Duplicate {
+                key: format!("(the unique key of instance {id})"),
+            }),
+        }
+    }
+}
+
+/// What a store found when it delivered a signal.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryFound {
+    /// The target's status before delivery; `None` if no such instance.
+    pub status: Option<Status>,
+    /// The new signal's id; `None` if nothing was stored.
+    pub signal_id: Option<i64>,
+    /// Whether the instance was woken.
+    pub woke: bool,
+}
+
+impl DeliveryFound {
+    /// The caller's answer for a signal to instance `id`.
+    pub fn answer(self, id: i64) -> Result<Delivery> {
+        match self.status {
+            None => Err(Error::NotFound { id }),
+            Some(status) if status.is_terminal() => Err(Error::Finished {
+                id,
+                status: status.to_string(),
+            }),
+            Some(_) => Ok(Delivery {
+                signal_id: self.signal_id,
+                woke: self.woke,
+            }),
+        }
+    }
+}
+
+/// The answer to a one-row insert: its id, or [`Error::Duplicate`] if the row was
+/// dropped because its unique key is held.
+#[doc(hidden)]
+pub fn inserted(id: Option<i64>, unique_key: Option<&str>) -> Result<i64> {
+    id.ok_or_else(|| Error::Duplicate {
+        key: unique_key.unwrap_or_default().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_to_a_finished_instance_is_refused_with_its_status() {
+        let found = DeliveryFound {
+            status: Some(Status::Done),
+            signal_id: None,
+            woke: false,
+        };
+        assert!(
+            matches!(found.answer(7), Err(Error::Finished { id: 7, status }) if status == "done")
+        );
+    }
+
+    #[test]
+    fn a_retry_whose_key_was_taken_names_the_instance() {
+        let e = RetryFound::KeyTaken.answer(3).unwrap_err();
+        assert!(matches!(e, Error::Duplicate { key } if key.contains("instance 3")));
+    }
+}
