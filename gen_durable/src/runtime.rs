@@ -45,6 +45,26 @@ pub struct StepInput {
     pub pool: Option<PgPool>,
 }
 
+impl StepInput {
+    /// The input of step `step` of instance `id` at `now`, at attempt 0 with nothing
+    /// awaited, no inbox, no children, a fresh cancellation token and no pool; set the
+    /// rest with struct update syntax.
+    pub fn new(id: i64, step: impl Into<String>, state: Value, now: DateTime<Utc>) -> Self {
+        StepInput {
+            id,
+            step: step.into(),
+            state,
+            attempt: 0,
+            awaits: Vec::new(),
+            inbox: Vec::new(),
+            children: Vec::new(),
+            now,
+            cancel: CancellationToken::new(),
+            pool: None,
+        }
+    }
+}
+
 /// What a step produced, ready to commit.
 #[derive(Debug)]
 pub struct StepOutput {

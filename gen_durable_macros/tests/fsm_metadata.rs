@@ -132,16 +132,8 @@ fn old_and_new_versions_are_both_registered() {
 
 fn input(step: &str, state: serde_json::Value, attempt: i32) -> StepInput {
     StepInput {
-        id: 1,
-        step: step.to_string(),
-        state,
         attempt,
-        awaits: Vec::new(),
-        inbox: Vec::new(),
-        children: Vec::new(),
-        now: chrono::Utc::now(),
-        cancel: tokio_util::sync::CancellationToken::new(),
-        pool: None,
+        ..StepInput::new(1, step, state, chrono::Utc::now())
     }
 }
 

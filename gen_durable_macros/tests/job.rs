@@ -35,16 +35,8 @@ async fn digest(_args: serde_json::Value, _ctx: &mut JobCtx) -> JobResult {
 
 fn input(email: &str, attempt: i32) -> StepInput {
     StepInput {
-        id: 9,
-        step: "run".to_string(),
-        state: json!({ "email": email }),
         attempt,
-        awaits: Vec::new(),
-        inbox: Vec::new(),
-        children: Vec::new(),
-        now: chrono::Utc::now(),
-        cancel: tokio_util::sync::CancellationToken::new(),
-        pool: None,
+        ..StepInput::new(9, "run", json!({ "email": email }), chrono::Utc::now())
     }
 }
 

@@ -11,7 +11,6 @@ use gen_durable::{
     Status,
 };
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::builders::{KitInsert, KitInsertJson, KitSignal, Outbox, SignalSender};
 use crate::instance::Instance;
@@ -344,16 +343,9 @@ impl TestKit {
         row.status = Status::Executing;
         let (fsm, version) = (row.fsm.clone(), row.version);
         let input = StepInput {
-            id,
-            step: row.step.clone(),
-            state: row.state.clone(),
             attempt: row.attempt,
             awaits: row.awaits.clone(),
-            inbox: Vec::new(),
-            children: Vec::new(),
-            now,
-            cancel: CancellationToken::new(),
-            pool: None,
+            ..StepInput::new(id, row.step.clone(), row.state.clone(), now)
         };
         let input = StepInput {
             inbox: self.store.inbox_of(id),

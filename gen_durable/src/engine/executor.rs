@@ -110,20 +110,16 @@ async fn run_chain(
                 });
                 match next {
                     Some((step, state, consumed)) if reply.continued => {
+                        let now = reply.now.unwrap_or_else(chrono::Utc::now);
                         input = StepInput {
-                            id,
-                            step: step.to_string(),
-                            state,
-                            attempt: 0,
-                            awaits: Vec::new(),
                             inbox: inbox
                                 .into_iter()
                                 .filter(|s| !consumed.contains(&s.id))
                                 .collect(),
                             children,
-                            now: reply.now.unwrap_or_else(chrono::Utc::now),
                             cancel,
                             pool: Some(shared.db.pool.clone()),
+                            ..StepInput::new(id, step, state, now)
                         };
                     }
                     _ => return replay_after,
