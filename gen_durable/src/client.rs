@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
+use tokio_util::task::TaskTracker;
 
 use crate::answers::{inserted, Cancelled, Delivery};
 use crate::clock::Clock;
@@ -59,26 +60,40 @@ pub struct Client {
     notifier: Arc<Notifier>,
     /// Awaited keyless inserts, grouped into shared statements.
     group: Arc<GroupInsert>,
+    /// The tasks this client runs in the background (grouped inserts, trailing
+    /// wake-ups); closed from the start, so [`Client::flush`] waits until it is empty.
+    tasks: TaskTracker,
 }
 
 impl Client {
     /// A client on `pool`, knowing every FSM linked into the binary (for `insert_json`).
     pub fn new(pool: PgPool) -> Self {
+        let tasks = TaskTracker::new();
+        tasks.close();
         Client {
-            notifier: Notifier::new(pool.clone(), crate::notify::DEFAULT_WINDOW),
+            notifier: Notifier::new(pool.clone(), crate::notify::DEFAULT_WINDOW, tasks.clone()),
             pool,
             clock: Clock::database(),
             registry: Arc::new(Registry::linked()),
             max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
             group: Arc::default(),
+            tasks,
         }
+    }
+
+    /// Waits for this client's background work (shared by its clones): grouped inserts
+    /// in flight and wake-ups deferred by [`Client::notify_window`]. Call it before the
+    /// runtime shuts down so that a deferred wake-up is sent rather than left to the
+    /// engines' polling.
+    pub async fn flush(&self) {
+        self.tasks.wait().await;
     }
 
     /// Sends at most one insert wake-up per queue per `window` (default 20 ms; zero:
     /// one per statement). A NOTIFY serializes commits, so bursts of inserts coalesce
     /// theirs; a skipped wake-up is sent at the end of the window.
     pub fn notify_window(mut self, window: Duration) -> Self {
-        self.notifier = Notifier::new(self.pool.clone(), window);
+        self.notifier = Notifier::new(self.pool.clone(), window, self.tasks.clone());
         // Inserts are grouped only with calls that notify the same way.
         self.group = Arc::default();
         self
@@ -216,6 +231,7 @@ impl Client {
             pool: self.pool.clone(),
             clock: self.clock.clone(),
             notifier: self.notifier.clone(),
+            tasks: self.tasks.clone(),
         };
         self.group.insert(&target, row).await
     }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::oneshot;
+use tokio_util::task::TaskTracker;
 
 use crate::answers::inserted;
 use crate::clock::Clock;
@@ -43,6 +44,8 @@ pub(crate) struct Target {
     pub(crate) pool: PgPool,
     pub(crate) clock: Clock,
     pub(crate) notifier: Arc<Notifier>,
+    /// The client's tracker, which `Client::flush` waits on.
+    pub(crate) tasks: TaskTracker,
 }
 
 /// The queue of one client's awaited inserts.
@@ -79,7 +82,7 @@ impl GroupInsert {
         if start {
             // A task of its own, so that a caller who stops waiting does not strand the
             // others' rows.
-            tokio::spawn(run(self.clone(), target.clone()));
+            target.tasks.spawn(run(self.clone(), target.clone()));
         }
         rx.await.unwrap_or_else(|_| {
             Err(Error::Database(sqlx::Error::Protocol(

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::store::pg::signal::notify_queue;
 
@@ -33,14 +34,18 @@ pub(crate) struct Notifier {
     pool: PgPool,
     window: Duration,
     slots: Mutex<HashMap<String, Slot>>,
+    /// Where the trailing sends run: the owner's tracker (the engine's drain, or
+    /// `Client::flush`, waits for them).
+    tasks: TaskTracker,
 }
 
 impl Notifier {
-    pub(crate) fn new(pool: PgPool, window: Duration) -> Arc<Self> {
+    pub(crate) fn new(pool: PgPool, window: Duration, tasks: TaskTracker) -> Arc<Self> {
         Arc::new(Notifier {
             pool,
             window,
             slots: Mutex::new(HashMap::new()),
+            tasks,
         })
     }
 
@@ -76,7 +81,7 @@ impl Notifier {
 
     fn trailing(self: &Arc<Self>, queue: String, at: Instant) {
         let me = self.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             tokio::time::sleep_until(at).await;
             {
                 let mut slots = me.slots.lock().expect("notifier lock");
@@ -88,5 +93,37 @@ impl Notifier {
                 tracing::debug!(target: "gen_durable::notify", queue, error = %e, "trailing wake-up failed; polling covers it");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gen_durable_testkit::TestDb;
+    use sqlx::postgres::PgListener;
+
+    /// A skipped wake-up is sent at the end of its window by a task of the owner's
+    /// tracker, so whoever waits on the tracker (the engine's drain, `Client::flush`)
+    /// waits for it.
+    #[tokio::test]
+    async fn the_trailing_wake_up_runs_on_the_owners_tracker() {
+        let tdb = TestDb::new().await;
+        let mut listener = PgListener::connect_with(tdb.pool()).await.unwrap();
+        listener.listen("gd_wake").await.unwrap();
+        let tasks = TaskTracker::new();
+        tasks.close();
+        let notifier = Notifier::new(tdb.pool().clone(), Duration::from_secs(1), tasks.clone());
+
+        assert_eq!(notifier.claim(["q"]), ["q"], "the first statement notifies itself");
+        assert!(notifier.claim(["q"]).is_empty(), "the second is left to the window's end");
+        assert_eq!(tasks.len(), 1, "one trailing send, tracked");
+        tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .expect("the trailing send ends after its window");
+        let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("the trailing wake-up was sent")
+            .unwrap();
+        assert_eq!(heard.payload(), "q");
     }
 }

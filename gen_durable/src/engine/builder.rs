@@ -179,8 +179,8 @@ impl EngineBuilder {
         let db = Db::new(pool.clone(), clock).await?;
         let (names, versions) = registry.name_version_arrays();
         let claims = Arc::new(Claims::default());
-        let notifier = Notifier::new(pool.clone(), cfg.notify_window);
         let tracker = TaskTracker::new();
+        let notifier = Notifier::new(pool.clone(), cfg.notify_window, tracker.clone());
 
         let (committer, committer_service) = Committer {
             cfg: cfg.committer,
