@@ -82,7 +82,7 @@ impl Client {
     }
 
     /// Waits for this client's background work (shared by its clones): grouped inserts
-    /// in flight and wake-ups deferred by [`Client::notify_window`]. Call it before the
+    /// in flight and wake-ups deferred by [`Client::with_notify_window`]. Call it before the
     /// runtime shuts down so that a deferred wake-up is sent rather than left to the
     /// engines' polling.
     pub async fn flush(&self) {
@@ -92,7 +92,7 @@ impl Client {
     /// Sends at most one insert wake-up per queue per `window` (default 20 ms; zero:
     /// one per statement). A NOTIFY serializes commits, so bursts of inserts coalesce
     /// theirs; a skipped wake-up is sent at the end of the window.
-    pub fn notify_window(mut self, window: Duration) -> Self {
+    pub fn with_notify_window(mut self, window: Duration) -> Self {
         self.notifier = Notifier::new(self.pool.clone(), window, self.tasks.clone());
         // Inserts are grouped only with calls that notify the same way.
         self.group = Arc::default();
@@ -114,7 +114,7 @@ impl Client {
     }
 
     /// Sets the largest signal payload accepted, in bytes of JSON (default 1 MiB).
-    pub fn max_signal_payload(mut self, bytes: usize) -> Self {
+    pub fn with_max_signal_payload(mut self, bytes: usize) -> Self {
         self.max_signal_payload = bytes;
         self
     }
@@ -213,7 +213,7 @@ impl Client {
             .answer(id)
     }
 
-    /// The queues of `rows` this statement wakes itself (see [`Client::notify_window`]).
+    /// The queues of `rows` this statement wakes itself (see [`Client::with_notify_window`]).
     fn notify_for(&self, rows: &[NewInstance]) -> Vec<String> {
         let mut queues: Vec<&str> = rows.iter().map(|r| r.queue.as_str()).collect();
         queues.sort_unstable();

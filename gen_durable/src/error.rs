@@ -98,7 +98,7 @@ pub enum Error {
         len: usize,
     },
     /// A signal payload is larger than the client's limit.
-    #[error("signal payload is {size} bytes, over the limit of {limit} bytes (see Client::max_signal_payload)")]
+    #[error("signal payload is {size} bytes, over the limit of {limit} bytes (see Client::with_max_signal_payload)")]
     PayloadTooLarge {
         /// The payload's size as JSON, in bytes.
         size: usize,

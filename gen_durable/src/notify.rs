@@ -114,8 +114,15 @@ mod tests {
         tasks.close();
         let notifier = Notifier::new(tdb.pool().clone(), Duration::from_secs(1), tasks.clone());
 
-        assert_eq!(notifier.claim(["q"]), ["q"], "the first statement notifies itself");
-        assert!(notifier.claim(["q"]).is_empty(), "the second is left to the window's end");
+        assert_eq!(
+            notifier.claim(["q"]),
+            ["q"],
+            "the first statement notifies itself"
+        );
+        assert!(
+            notifier.claim(["q"]).is_empty(),
+            "the second is left to the window's end"
+        );
         assert_eq!(tasks.len(), 1, "one trailing send, tracked");
         tokio::time::timeout(Duration::from_secs(10), tasks.wait())
             .await

@@ -65,15 +65,15 @@ pub async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .connect_with(options.application_name(&node))
         .await?;
     let engine = Engine::builder(pool)
-        .node_id(node.clone())
+        .with_node_id(node.clone())
         .queue_with(
             "audited",
             QueueConfig::new(args.num("concurrency", 8) as usize)
-                .prefetch(args.num("prefetch", 0) as usize)
-                .poll_interval(Duration::from_millis(args.num("poll-ms", 100))),
+                .with_prefetch(args.num("prefetch", 0) as usize)
+                .with_poll_interval(Duration::from_millis(args.num("poll-ms", 100))),
         )
-        .lease_ttl(Duration::from_millis(args.num("lease-ttl-ms", 2000)))
-        .reaper_interval(Duration::from_millis(args.num("reaper-ms", 200)))
+        .with_lease_ttl(Duration::from_millis(args.num("lease-ttl-ms", 2000)))
+        .with_reaper_interval(Duration::from_millis(args.num("reaper-ms", 200)))
         .on_event(|e| {
             if let gen_durable::Event::LeaseLost { id, step, kind, .. } = e {
                 println!("lease.lost id={id} step={step} kind={kind}");

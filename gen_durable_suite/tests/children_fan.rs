@@ -68,10 +68,10 @@ fn registry() -> Registry {
 
 async fn engine(db: &TestDb, concurrency: usize) -> Engine {
     Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "fan",
-            QueueConfig::new(concurrency).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(concurrency).with_poll_interval(Duration::from_millis(50)),
         )
         .start()
         .await
@@ -162,10 +162,10 @@ async fn ten_thousand_children_wake_the_parent_exactly_once() {
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone());
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "fan",
-            QueueConfig::new(50).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(50).with_poll_interval(Duration::from_millis(50)),
         )
         .start()
         .await

@@ -83,7 +83,7 @@ async fn typed_insert_rejects_an_unknown_step() {
 #[tokio::test]
 async fn signal_names_and_payloads_are_checked() {
     let db = TestDb::new().await;
-    let gd = Client::new(db.pool().clone()).max_signal_payload(1024);
+    let gd = Client::new(db.pool().clone()).with_max_signal_payload(1024);
     let id = gd.insert::<Checkout>(Order::default()).await.unwrap();
 
     assert!(matches!(

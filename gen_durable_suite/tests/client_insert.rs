@@ -429,7 +429,7 @@ async fn an_insert_notifies_the_queue_once_per_statement() {
 #[tokio::test]
 async fn a_burst_of_inserts_coalesces_its_wake_ups() {
     let db = TestDb::new().await;
-    let gd = Client::new(db.pool().clone()).notify_window(Duration::from_millis(500));
+    let gd = Client::new(db.pool().clone()).with_notify_window(Duration::from_millis(500));
     let mut listener = sqlx::postgres::PgListener::connect_with(db.pool())
         .await
         .unwrap();

@@ -46,12 +46,12 @@ fn registry() -> Registry {
 }
 
 fn fast(q: usize) -> QueueConfig {
-    QueueConfig::new(q).poll_interval(Duration::from_millis(50))
+    QueueConfig::new(q).with_poll_interval(Duration::from_millis(50))
 }
 
 async fn engine(db: &TestDb, events: &Events) -> Engine {
     Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("counting", fast(4))
         .queue_with("other", fast(2))
         .on_event(events.handler())
@@ -136,7 +136,7 @@ async fn priority_zero_runs_before_priority_five() {
         .unwrap();
     let events = Events::default();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("other", fast(1))
         .on_event(events.handler())
         .start()
@@ -259,38 +259,38 @@ async fn invalid_config_is_an_error_at_start() {
     let db = TestDb::new().await;
     let bad = [
         Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .start()
             .await
             .err(),
         Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .queue("q", 0)
             .start()
             .await
             .err(),
         Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .queue("q", 1)
             .queue("q", 2)
             .start()
             .await
             .err(),
         Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .queue("q", 1)
-            .lease_ttl(Duration::from_millis(10))
+            .with_lease_ttl(Duration::from_millis(10))
             .start()
             .await
             .err(),
         Engine::builder(db.pool().clone())
-            .registry(registry())
-            .queue_with("q", QueueConfig::new(2).min_demand(5))
+            .with_registry(registry())
+            .queue_with("q", QueueConfig::new(2).with_min_demand(5))
             .start()
             .await
             .err(),
         Engine::builder(db.pool().clone())
-            .registry(Registry::new())
+            .with_registry(Registry::new())
             .queue("q", 1)
             .start()
             .await
@@ -320,7 +320,7 @@ async fn a_pool_of_two_is_not_starved_by_the_committer() {
     gd.insert_all::<Counter>(rows).await.unwrap();
     let pool = db.new_pool(2).await;
     let engine = Engine::builder(pool.clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue("counting", 8)
         .start()
         .await

@@ -43,11 +43,11 @@ async fn jobs_finish_retry_with_backoff_give_up_and_cancel() {
     let mut reg = Registry::new();
     reg.register::<SendMail>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(reg)
-        .clock(clock.clone())
+        .with_registry(reg)
+        .with_clock(clock.clone())
         .queue_with(
             "mail",
-            QueueConfig::new(4).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(4).with_poll_interval(Duration::from_millis(20)),
         )
         .start()
         .await

@@ -61,7 +61,7 @@ fn registry() -> Registry {
 }
 
 fn q(n: usize) -> QueueConfig {
-    QueueConfig::new(n).poll_interval(Duration::from_millis(50))
+    QueueConfig::new(n).with_poll_interval(Duration::from_millis(50))
 }
 
 #[tokio::test]
@@ -70,10 +70,10 @@ async fn a_step_three_times_longer_than_the_lease_completes_on_its_first_attempt
     let gd = Client::new(db.pool().clone());
     let events = Events::default();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
-        .queue_with("slow", q(1).prefetch(2))
-        .lease_ttl(Duration::from_millis(300))
-        .reaper_interval(Duration::from_millis(50))
+        .with_registry(registry())
+        .queue_with("slow", q(1).with_prefetch(2))
+        .with_lease_ttl(Duration::from_millis(300))
+        .with_reaper_interval(Duration::from_millis(50))
         .on_event(events.handler())
         .start()
         .await
@@ -127,11 +127,11 @@ async fn a_crashed_worker_is_recovered_and_a_crash_loop_ends_failed() {
     let gd = Client::new(db.pool().clone());
     let start = || {
         Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .queue_with("crash", q(1))
             .queue_with("slow", q(1))
-            .lease_ttl(Duration::from_millis(300))
-            .reaper_interval(Duration::from_millis(50))
+            .with_lease_ttl(Duration::from_millis(300))
+            .with_reaper_interval(Duration::from_millis(50))
             .start()
     };
     // A row claimed by an engine that dies comes back with attempt + 1 and finishes
@@ -156,10 +156,10 @@ async fn a_crashed_worker_is_recovered_and_a_crash_loop_ends_failed() {
         .unwrap();
     let events = Events::default();
     let survivor = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("slow", q(1))
-        .lease_ttl(Duration::from_millis(300))
-        .reaper_interval(Duration::from_millis(50))
+        .with_lease_ttl(Duration::from_millis(300))
+        .with_reaper_interval(Duration::from_millis(50))
         .on_event(events.handler())
         .start()
         .await
@@ -178,18 +178,18 @@ async fn a_crashed_worker_is_recovered_and_a_crash_loop_ends_failed() {
     // A step that always kills its worker fails after max_reaps (3 here). A separate
     // engine that does not serve the queue runs the reaper.
     let reaper = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("slow", q(1))
-        .reaper_interval(Duration::from_millis(50))
+        .with_reaper_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap();
     let id = gd.insert::<Crasher>(Count::default()).await.unwrap();
     for round in 1..=3 {
         let worker = Engine::builder(db.pool().clone())
-            .registry(registry())
+            .with_registry(registry())
             .queue_with("crash", q(1))
-            .reaper(false)
+            .with_reaper(false)
             .start()
             .await
             .unwrap();
@@ -235,10 +235,10 @@ async fn a_worker_whose_lease_was_taken_commits_nothing() {
     gd.signal(id, "note", json!({})).await.unwrap();
     let stale_events = Events::default();
     let stale = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("gated", q(1))
-        .lease_ttl(Duration::from_secs(30))
-        .reaper(false)
+        .with_lease_ttl(Duration::from_secs(30))
+        .with_reaper(false)
         .on_event(stale_events.handler())
         .start()
         .await
@@ -257,9 +257,9 @@ async fn a_worker_whose_lease_was_taken_commits_nothing() {
         .await
         .unwrap();
     let fresh = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("gated", q(1))
-        .reaper(false)
+        .with_reaper(false)
         .start()
         .await
         .unwrap();
@@ -327,8 +327,8 @@ async fn drain_releases_the_buffer_and_finishes_the_running_step() {
     };
     let events = Events::default();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
-        .queue_with("slow", q(1).prefetch(5))
+        .with_registry(registry())
+        .queue_with("slow", q(1).with_prefetch(5))
         .on_event(events.handler())
         .start()
         .await
@@ -393,7 +393,7 @@ async fn drain_past_its_deadline_cancels_and_releases_without_an_attempt() {
         .await
         .unwrap();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("slow", q(1))
         .start()
         .await

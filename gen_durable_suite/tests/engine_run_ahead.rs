@@ -86,10 +86,10 @@ async fn five_steps_run_on_one_claim_and_each_commits() {
     let mut reg = Registry::new();
     reg.register::<Five>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(reg)
+        .with_registry(reg)
         .queue_with(
             "ahead",
-            QueueConfig::new(2).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(2).with_poll_interval(Duration::from_millis(50)),
         )
         .on_event(events.handler())
         .start()
@@ -125,10 +125,10 @@ async fn run_ahead_per_outcome() {
     let mut reg = Registry::new();
     reg.register::<PerOutcome>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(reg)
+        .with_registry(reg)
         .queue_with(
             "ahead",
-            QueueConfig::new(2).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(2).with_poll_interval(Duration::from_millis(50)),
         )
         .on_event(events.handler())
         .start()

@@ -41,22 +41,22 @@ async fn step_pick_saturation_drain_and_reaper_events() {
     let gd = Client::new(db.pool().clone());
     let events = Events::default();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "t",
             QueueConfig::new(3)
-                .prefetch(2)
-                .poll_interval(Duration::from_millis(20)),
+                .with_prefetch(2)
+                .with_poll_interval(Duration::from_millis(20)),
         )
         .queue_with(
             "slow",
             QueueConfig::new(1)
-                .prefetch(1)
-                .poll_interval(Duration::from_millis(20)),
+                .with_prefetch(1)
+                .with_poll_interval(Duration::from_millis(20)),
         )
-        .reaper_interval(Duration::from_millis(50))
+        .with_reaper_interval(Duration::from_millis(50))
         .on_event(events.handler())
-        .node_id("telemetry-node")
+        .with_node_id("telemetry-node")
         .start()
         .await
         .unwrap();
@@ -144,9 +144,9 @@ async fn step_pick_saturation_drain_and_reaper_events() {
         .unwrap();
     let reaps = Events::default();
     let reaper = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue("t", 1)
-        .reaper_interval(Duration::from_millis(20))
+        .with_reaper_interval(Duration::from_millis(20))
         .on_event(reaps.handler())
         .start()
         .await

@@ -23,7 +23,7 @@ mod v2 {
 }
 
 fn q() -> QueueConfig {
-    QueueConfig::new(2).poll_interval(Duration::from_millis(50))
+    QueueConfig::new(2).with_poll_interval(Duration::from_millis(50))
 }
 
 #[tokio::test]
@@ -37,7 +37,7 @@ async fn old_rows_run_on_the_old_version_and_unknown_versions_are_left_alone() {
     let mut only_v2 = Registry::new();
     only_v2.register::<v2::Checkout>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(only_v2)
+        .with_registry(only_v2)
         .queue_with("co", q())
         .start()
         .await
@@ -58,9 +58,9 @@ async fn old_rows_run_on_the_old_version_and_unknown_versions_are_left_alone() {
 
     // A node with both keeps the old row running on v1.
     let engine = Engine::builder(db.pool().clone())
-        .registry(Registry::new())
-        .fsm::<v1::Checkout>()
-        .fsm::<v2::Checkout>()
+        .with_registry(Registry::new())
+        .register::<v1::Checkout>()
+        .register::<v2::Checkout>()
         .queue_with("co", q())
         .start()
         .await
@@ -91,8 +91,8 @@ async fn a_stored_state_that_no_longer_casts_fails_with_a_clear_error() {
         .await
         .unwrap();
     let engine = Engine::builder(db.pool().clone())
-        .registry(Registry::new())
-        .fsm::<v2::Checkout>()
+        .with_registry(Registry::new())
+        .register::<v2::Checkout>()
         .queue_with("co", q())
         .start()
         .await

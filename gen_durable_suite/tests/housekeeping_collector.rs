@@ -49,10 +49,10 @@ async fn collects_old_terminal_rows_in_batches_and_spares_children_of_live_paren
     // Two nodes collecting at once, 7 rows per statement.
     let start = || {
         Engine::builder(db.pool().clone())
-            .registry(reg.clone())
+            .with_registry(reg.clone())
             .queue("nothing-here", 1)
-            .retention(Duration::from_secs(24 * 3600))
-            .collector_schedule(Duration::from_millis(30), 7)
+            .with_retention(Duration::from_secs(24 * 3600))
+            .with_collector_schedule(Duration::from_millis(30), 7)
             .start()
     };
     let a = start().await.unwrap();

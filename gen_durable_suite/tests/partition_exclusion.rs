@@ -85,14 +85,14 @@ async fn partitions_serialize_one_key_and_let_other_keys_run() {
     let gd = Client::new(db.pool().clone());
     let events = Events::default();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "rmw",
-            QueueConfig::new(4).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(4).with_poll_interval(Duration::from_millis(20)),
         )
         .queue_with(
             "p",
-            QueueConfig::new(8).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(8).with_poll_interval(Duration::from_millis(20)),
         )
         .on_event(events.handler())
         .start()
@@ -170,12 +170,12 @@ async fn two_engines_on_separate_pools_never_overlap_a_key() {
     }
     let start = |pool: sqlx::PgPool| {
         Engine::builder(pool)
-            .registry(registry())
+            .with_registry(registry())
             .queue_with(
                 "p",
                 QueueConfig::new(8)
-                    .prefetch(4)
-                    .poll_interval(Duration::from_millis(20)),
+                    .with_prefetch(4)
+                    .with_poll_interval(Duration::from_millis(20)),
             )
             .start()
     };
@@ -211,11 +211,11 @@ async fn a_dead_workers_partition_frees_when_its_lease_is_reaped() {
         .partition_key("dead-key")
         .await
         .unwrap();
-    let cfg = || QueueConfig::new(2).poll_interval(Duration::from_millis(20));
+    let cfg = || QueueConfig::new(2).with_poll_interval(Duration::from_millis(20));
     let holder = Engine::builder(db.new_pool(4).await)
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("p", cfg())
-        .lease_ttl(Duration::from_millis(500))
+        .with_lease_ttl(Duration::from_millis(500))
         .start()
         .await
         .unwrap();
@@ -235,10 +235,10 @@ async fn a_dead_workers_partition_frees_when_its_lease_is_reaped() {
         .await
         .unwrap();
     let other = Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with("p", cfg())
-        .lease_ttl(Duration::from_millis(500))
-        .reaper_interval(Duration::from_millis(50))
+        .with_lease_ttl(Duration::from_millis(500))
+        .with_reaper_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap();

@@ -99,13 +99,13 @@ async fn engine(pool: &PgPool, concurrency: usize, commits: &Commits) -> Engine 
                 commits.lock().unwrap().push((*count, *committed));
             }
         })
-        .registry(registry())
-        .reaper(false)
-        .await_timeouts(false)
-        .lease_ttl(Duration::from_secs(120))
+        .with_registry(registry())
+        .with_reaper(false)
+        .with_await_timeouts(false)
+        .with_lease_ttl(Duration::from_secs(120))
         .queue_with(
             "perf",
-            QueueConfig::new(concurrency).poll_interval(Duration::from_secs(30)),
+            QueueConfig::new(concurrency).with_poll_interval(Duration::from_secs(30)),
         )
         .start()
         .await

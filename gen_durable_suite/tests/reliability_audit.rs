@@ -140,7 +140,7 @@ fn incompressible(len: usize) -> String {
 }
 
 fn q(n: usize) -> QueueConfig {
-    QueueConfig::new(n).poll_interval(Duration::from_millis(50))
+    QueueConfig::new(n).with_poll_interval(Duration::from_millis(50))
 }
 
 fn reg<F: gen_durable::Fsm>(r: &mut Registry) {
@@ -252,11 +252,11 @@ async fn poison_batch(poison: i64, innocent: usize, expect: &str, check_reaps: b
     reg::<Poison>(&mut r);
     let events = common::Events::default();
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .on_event(events.handler())
         .queue_with("poison", q(64))
-        .lease_ttl(Duration::from_secs(1))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_secs(1))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -582,9 +582,9 @@ async fn e1_retrying_a_failed_child_rearms_the_parents_barrier() {
     reg::<E1Kid>(&mut r);
     reg::<E1Parent>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e1", q(4))
-        .reaper_interval(Duration::from_millis(100))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -713,10 +713,10 @@ async fn e19_retrying_a_child_of_a_finished_parent_is_refused() {
     reg::<E19Parent>(&mut r);
     reg::<E19Other>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e19", q(4))
-        .lease_ttl(Duration::from_secs(1))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_secs(1))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -812,7 +812,7 @@ async fn e1b_retry_of_a_cancelled_parent_waits_for_its_live_child() {
     reg::<E1bParent>(&mut r);
     // Default 30 s lease: a child whose commit fails stays `executing`, visibly.
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e1b", q(4))
         .start()
         .await
@@ -936,10 +936,10 @@ async fn e20_a_stale_run_does_not_unregister_the_newer_claim() {
     let mut r = Registry::new();
     reg::<E20Work>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e20", q(8))
-        .lease_ttl(Duration::from_secs(1))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_secs(1))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -1019,10 +1019,10 @@ async fn e5_a_caller_lock_on_one_row_does_not_expire_the_nodes_other_leases() {
     let mut r = Registry::new();
     reg::<E5Work>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e5", q(8))
-        .lease_ttl(Duration::from_secs(2))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_secs(2))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -1119,7 +1119,7 @@ async fn e15_a_caller_lock_on_a_parent_does_not_stall_the_group_commit() {
     reg::<E15Parent>(&mut r);
     reg::<E15Quick>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e15", q(8))
         .start()
         .await
@@ -1230,9 +1230,9 @@ async fn e11_an_await_timeout_in_a_step_transaction_counts_from_the_commit() {
     let mut r = Registry::new();
     reg::<E11Txn>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e11", q(2))
-        .timeout_interval(Duration::from_millis(50))
+        .with_timeout_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap();
@@ -1317,11 +1317,11 @@ async fn e17_a_repeatable_read_step_transaction_runs_once() {
     let mut r = Registry::new();
     reg::<E17Rr>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e17", q(2))
-        .lease_ttl(Duration::from_millis(1500))
-        .heartbeat_interval(Duration::from_millis(500))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_millis(1500))
+        .with_heartbeat_interval(Duration::from_millis(500))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap();
@@ -1398,12 +1398,12 @@ async fn e6_repeatable_read_default_loses_no_wake_up() {
     let mut r = Registry::new();
     reg::<E6Parker>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with(
             "e6",
-            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(64).with_poll_interval(Duration::from_millis(20)),
         )
-        .timeout_interval(Duration::from_millis(50))
+        .with_timeout_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap();
@@ -1576,7 +1576,7 @@ async fn e4_cancel_of_a_parent_never_deadlocks_with_its_childrens_commits() {
     reg::<E4Kid>(&mut r);
     reg::<E4Parent>(&mut r);
     let engine = Engine::builder(engine_pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e4", q(16))
         .start()
         .await
@@ -1678,9 +1678,9 @@ async fn e7_rows_failed_by_the_reaper_keep_no_signals() {
     let mut r = Registry::new();
     reg::<E7Idle>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with("e7", q(1))
-        .reaper_interval(Duration::from_millis(10))
+        .with_reaper_interval(Duration::from_millis(10))
         .start()
         .await
         .unwrap();
@@ -1796,12 +1796,12 @@ async fn e16_a_hot_partition_runs_back_to_back() {
     let mut r = Registry::new();
     reg::<E16Work>(&mut r);
     let engine = Engine::builder(pool.clone())
-        .registry(r)
+        .with_registry(r)
         .queue_with(
             "e16",
             QueueConfig::new(10)
-                .poll_interval(Duration::from_secs(1))
-                .max_poll_interval(Duration::from_secs(1)),
+                .with_poll_interval(Duration::from_secs(1))
+                .with_max_poll_interval(Duration::from_secs(1)),
         )
         .start()
         .await

@@ -33,10 +33,10 @@ async fn engine_on(db: &TestDb, app: &str, pool_size: u32) -> Engine {
     Engine::builder(pool)
         .queue_with(
             "audited",
-            QueueConfig::new(8).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(8).with_poll_interval(Duration::from_millis(50)),
         )
-        .lease_ttl(Duration::from_millis(1000))
-        .reaper_interval(Duration::from_millis(100))
+        .with_lease_ttl(Duration::from_millis(1000))
+        .with_reaper_interval(Duration::from_millis(100))
         .start()
         .await
         .unwrap()
@@ -101,8 +101,8 @@ async fn a_lost_listen_connection_costs_at_most_one_poll_interval() {
         .queue_with(
             "audited",
             QueueConfig::new(2)
-                .poll_interval(Duration::from_millis(500))
-                .max_poll_interval(Duration::from_millis(500)),
+                .with_poll_interval(Duration::from_millis(500))
+                .with_max_poll_interval(Duration::from_millis(500)),
         )
         .start()
         .await

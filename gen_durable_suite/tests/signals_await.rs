@@ -51,12 +51,12 @@ fn registry() -> Registry {
 
 async fn engine(db: &TestDb) -> Engine {
     Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "w",
-            QueueConfig::new(4).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(4).with_poll_interval(Duration::from_millis(50)),
         )
-        .timeout_interval(Duration::from_millis(50))
+        .with_timeout_interval(Duration::from_millis(50))
         .start()
         .await
         .unwrap()
@@ -244,14 +244,14 @@ async fn a_replay_re_sees_the_awaited_signal() {
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone());
     let engine = Engine::builder(db.pool().clone())
-        .registry({
+        .with_registry({
             let mut r = registry();
             r.register::<Replays>();
             r
         })
         .queue_with(
             "w",
-            QueueConfig::new(2).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(2).with_poll_interval(Duration::from_millis(20)),
         )
         .start()
         .await
@@ -276,10 +276,10 @@ async fn a_same_name_signal_arriving_during_the_step_survives_its_consumption() 
     let mut reg = Registry::new();
     reg.register::<Twice>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(reg)
+        .with_registry(reg)
         .queue_with(
             "w2",
-            QueueConfig::new(1).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(1).with_poll_interval(Duration::from_millis(20)),
         )
         .start()
         .await
@@ -323,10 +323,10 @@ async fn racing<F: gen_durable::Fsm<State = Count>>(
     let mut registry = Registry::new();
     registry.register::<F>();
     let engine = Engine::builder(db.pool().clone())
-        .registry(registry)
+        .with_registry(registry)
         .queue_with(
             queue,
-            QueueConfig::new(64).poll_interval(Duration::from_millis(20)),
+            QueueConfig::new(64).with_poll_interval(Duration::from_millis(20)),
         )
         .start()
         .await

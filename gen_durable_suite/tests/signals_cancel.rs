@@ -54,10 +54,10 @@ fn registry() -> Registry {
 
 async fn engine(db: &TestDb) -> Engine {
     Engine::builder(db.pool().clone())
-        .registry(registry())
+        .with_registry(registry())
         .queue_with(
             "c",
-            QueueConfig::new(4).poll_interval(Duration::from_millis(50)),
+            QueueConfig::new(4).with_poll_interval(Duration::from_millis(50)),
         )
         .start()
         .await

@@ -90,19 +90,19 @@ impl TestKit {
     }
 
     /// Starts the clock at `at` instead of [`epoch`].
-    pub fn starting_at(self, at: DateTime<Utc>) -> Self {
+    pub fn with_start_time(self, at: DateTime<Utc>) -> Self {
         self.clock.set(at);
         self
     }
 
     /// The most steps one `run_until_idle` may commit before it panics (default 10 000).
-    pub fn max_steps(mut self, n: usize) -> Self {
+    pub fn with_max_steps(mut self, n: usize) -> Self {
         self.max_steps = n;
         self
     }
 
     /// The largest signal payload accepted, in bytes of JSON (default 1 MiB, like `Client`).
-    pub fn max_signal_payload(mut self, bytes: usize) -> Self {
+    pub fn with_max_signal_payload(mut self, bytes: usize) -> Self {
         self.max_signal_payload = bytes;
         self
     }
@@ -330,7 +330,7 @@ impl TestKit {
             .collect();
         panic!(
             "run_until_idle: {} steps without going idle — a runaway loop? {n} of them by {which}. \
-             Last steps: {}. Raise TestKit::max_steps if this is expected.",
+             Last steps: {}. Raise TestKit::with_max_steps if this is expected.",
             self.max_steps,
             recent.join(", ")
         );

@@ -65,89 +65,89 @@ impl EngineBuilder {
     }
 
     /// How long a claim holds a row without a heartbeat (default 30 s).
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
         self.cfg.heartbeat.lease_ttl = ttl;
         self
     }
 
     /// How often leases are extended (default `lease_ttl / 3`).
-    pub fn heartbeat_interval(mut self, every: Duration) -> Self {
+    pub fn with_heartbeat_interval(mut self, every: Duration) -> Self {
         self.cfg.heartbeat.interval = Some(every);
         self
     }
 
     /// How often the reaper looks for expired leases (default 1 s).
-    pub fn reaper_interval(mut self, every: Duration) -> Self {
+    pub fn with_reaper_interval(mut self, every: Duration) -> Self {
         self.cfg.reaper.interval = every;
         self
     }
 
     /// The longest the await-timeout sweep sleeps (default 1 s).
-    pub fn timeout_interval(mut self, every: Duration) -> Self {
+    pub fn with_timeout_interval(mut self, every: Duration) -> Self {
         self.cfg.timeouts.interval = every;
         self
     }
 
     /// Turns the reaper on or off on this node (default on).
-    pub fn reaper(mut self, on: bool) -> Self {
+    pub fn with_reaper(mut self, on: bool) -> Self {
         self.cfg.reaper.enabled = on;
         self
     }
 
     /// Turns the await-timeout sweep on or off on this node (default on).
-    pub fn await_timeouts(mut self, on: bool) -> Self {
+    pub fn with_await_timeouts(mut self, on: bool) -> Self {
         self.cfg.timeouts.enabled = on;
         self
     }
 
     /// Turns the collector of finished instances on or off on this node (default on).
-    pub fn collector(mut self, on: bool) -> Self {
+    pub fn with_collector(mut self, on: bool) -> Self {
         self.cfg.collector.enabled = on;
         self
     }
 
     /// How long `done`/`failed` rows are kept before the collector deletes them
     /// (default 7 days, counted from their last update).
-    pub fn retention(mut self, keep: Duration) -> Self {
+    pub fn with_retention(mut self, keep: Duration) -> Self {
         self.cfg.collector.retention = keep;
         self
     }
 
     /// How often the collector runs (default 60 s) and how many rows one of its
     /// statements deletes at most (default 1,000).
-    pub fn collector_schedule(mut self, every: Duration, batch: usize) -> Self {
+    pub fn with_collector_schedule(mut self, every: Duration, batch: usize) -> Self {
         self.cfg.collector.interval = every;
         self.cfg.collector.batch = batch;
         self
     }
 
     /// Sends at most one wake-up per queue per `window` for committed `next`/`replay`
-    /// outcomes (default 20 ms; zero: one per commit). See `Client::notify_window`.
-    pub fn notify_window(mut self, window: Duration) -> Self {
+    /// outcomes (default 20 ms; zero: one per commit). See `Client::with_notify_window`.
+    pub fn with_notify_window(mut self, window: Duration) -> Self {
         self.cfg.notify_window = window;
         self
     }
 
     /// Most outcomes committed in one group commit (default 512).
-    pub fn commit_batch(mut self, n: usize) -> Self {
+    pub fn with_commit_batch(mut self, n: usize) -> Self {
         self.cfg.committer.batch = n;
         self
     }
 
     /// This node's id, recorded as `locked_by` (default: host, pid and a counter).
-    pub fn node_id(mut self, id: impl Into<String>) -> Self {
+    pub fn with_node_id(mut self, id: impl Into<String>) -> Self {
         self.cfg.node_id = id.into();
         self
     }
 
     /// Registers FSM `T` explicitly (linked FSMs are known without it).
-    pub fn fsm<T: Fsm>(mut self) -> Self {
+    pub fn register<T: Fsm>(mut self) -> Self {
         self.registry.register::<T>();
         self
     }
 
     /// Runs only the FSMs of `registry` instead of every linked one.
-    pub fn registry(mut self, registry: Registry) -> Self {
+    pub fn with_registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
         self
     }
@@ -160,7 +160,7 @@ impl EngineBuilder {
     }
 
     /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
-    pub fn clock(mut self, clock: Clock) -> Self {
+    pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
     }
@@ -314,7 +314,7 @@ impl EngineBuilder {
         }
         if self.registry.iter().next().is_none() {
             return Err(Error::InvalidConfig(
-                "no FSM to run: none is linked (#[durable_fsm] / #[durable_job]) and none was registered with .fsm::<T>()".into(),
+                "no FSM to run: none is linked (#[durable_fsm] / #[durable_job]) and none was registered with .register::<T>()".into(),
             ));
         }
         Ok(())

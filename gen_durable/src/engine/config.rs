@@ -38,26 +38,26 @@ impl QueueConfig {
     }
 
     /// Sets `prefetch`.
-    pub fn prefetch(mut self, n: usize) -> Self {
+    pub fn with_prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
         self
     }
 
     /// Sets `min_demand`.
-    pub fn min_demand(mut self, n: usize) -> Self {
+    pub fn with_min_demand(mut self, n: usize) -> Self {
         self.min_demand = n;
         self
     }
 
     /// Sets `poll_interval` (and raises `max_poll_interval` to it if lower).
-    pub fn poll_interval(mut self, d: Duration) -> Self {
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
         self.max_poll_interval = self.max_poll_interval.max(d);
         self
     }
 
     /// Sets `max_poll_interval`.
-    pub fn max_poll_interval(mut self, d: Duration) -> Self {
+    pub fn with_max_poll_interval(mut self, d: Duration) -> Self {
         self.max_poll_interval = d;
         self
     }

@@ -166,10 +166,10 @@ pub(super) async fn start_engine(
         .queue_with(
             "bench",
             QueueConfig::new(cfg.concurrency)
-                .prefetch(cfg.prefetch)
-                .min_demand(cfg.min_demand.clamp(1, cfg.concurrency + cfg.prefetch)),
+                .with_prefetch(cfg.prefetch)
+                .with_min_demand(cfg.min_demand.clamp(1, cfg.concurrency + cfg.prefetch)),
         )
-        .commit_batch(cfg.commit_batch)
+        .with_commit_batch(cfg.commit_batch)
         .on_event(move |e| t.on(e))
         .start()
         .await?)

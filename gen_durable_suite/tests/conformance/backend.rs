@@ -110,7 +110,7 @@ impl Kit {
     pub fn new(scenario: &str) -> Kit {
         let kit = TestKit::new()
             .with_registry(crate::fsms::registry())
-            .max_steps(2_000);
+            .with_max_steps(2_000);
         let tag = format!("kit:{scenario}");
         MAILERS
             .lock()
@@ -219,17 +219,17 @@ impl Pg {
     async fn engine(&self) -> Engine {
         let fast = |n| {
             QueueConfig::new(n)
-                .poll_interval(Duration::from_millis(20))
-                .max_poll_interval(Duration::from_millis(20))
+                .with_poll_interval(Duration::from_millis(20))
+                .with_max_poll_interval(Duration::from_millis(20))
         };
         let events = self.events.clone();
         Engine::builder(self.db.pool().clone())
-            .registry(crate::fsms::registry())
-            .clock(self.clock.clone())
+            .with_registry(crate::fsms::registry())
+            .with_clock(self.clock.clone())
             // One step at a time on "conf", in the pick's order, like the kit.
             .queue_with("conf", fast(1))
             .queue_with("par", fast(4))
-            .timeout_interval(Duration::from_millis(20))
+            .with_timeout_interval(Duration::from_millis(20))
             .on_event(move |e| events.lock().unwrap().push(e.clone()))
             .start()
             .await

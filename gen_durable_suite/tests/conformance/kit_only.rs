@@ -97,7 +97,7 @@ async fn the_same_scenario_gives_the_same_tally_and_states_100_times() {
 
 #[tokio::test]
 async fn a_runaway_loop_panics_naming_the_instance() {
-    let mut kit = kit().max_steps(50);
+    let mut kit = kit().with_max_steps(50);
     kit.insert::<Clocked>(S::default()).await.unwrap();
     let id = kit.insert::<Looper>(S::default()).await.unwrap();
     let err = AssertUnwindSafe(kit.run_until_idle())
