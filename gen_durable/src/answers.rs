@@ -7,6 +7,7 @@
 //! `NewInstance::validate`) and in [`crate::Registry::new_instance`].
 
 use crate::error::{Error, Result};
+use crate::target::Target;
 use crate::Status;
 
 /// What a cancel did: see `Client::cancel`.
@@ -22,6 +23,8 @@ pub struct Cancelled {
 /// What a delivery did: see `Client::signal`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
+    /// The instance that got the signal (the key's holder, for a signal by key).
+    pub id: i64,
     /// The stored signal's id; `None` when a signal with the same dedup key was already stored.
     pub signal_id: Option<i64>,
     /// True if the instance was awaiting this name and is now runnable.
@@ -110,6 +113,8 @@ impl RetryFound {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeliveryFound {
+    /// The instance the target resolved to; `None` if none.
+    pub id: Option<i64>,
     /// The target's status before delivery; `None` if no such instance.
     pub status: Option<Status>,
     /// The new signal's id; `None` if nothing was stored.
@@ -119,19 +124,28 @@ pub struct DeliveryFound {
 }
 
 impl DeliveryFound {
-    /// The caller's answer for a signal to instance `id`.
-    pub fn answer(self, id: i64) -> Result<Delivery> {
-        match self.status {
-            None => Err(Error::NotFound { id }),
-            Some(status) if status.is_terminal() => Err(Error::Finished {
+    /// The caller's answer for a signal to `target`.
+    pub fn answer(self, target: &Target) -> Result<Delivery> {
+        match (self.id, self.status) {
+            (Some(id), Some(status)) if status.is_terminal() => Err(Error::Finished {
                 id,
                 status: status.to_string(),
             }),
-            Some(_) => Ok(Delivery {
+            (Some(id), Some(_)) => Ok(Delivery {
+                id,
                 signal_id: self.signal_id,
                 woke: self.woke,
             }),
+            _ => Err(not_found(target)),
         }
+    }
+}
+
+/// The error for a target that names no instance.
+pub(crate) fn not_found(target: &Target) -> Error {
+    match target {
+        Target::Id(id) => Error::NotFound { id: *id },
+        Target::Key(key) => Error::KeyNotFound { key: key.clone() },
     }
 }
 
@@ -151,13 +165,28 @@ mod tests {
     #[test]
     fn a_signal_to_a_finished_instance_is_refused_with_its_status() {
         let found = DeliveryFound {
+            id: Some(7),
             status: Some(Status::Done),
             signal_id: None,
             woke: false,
         };
+        let by_key = Target::Key("order:7".into());
         assert!(
-            matches!(found.answer(7), Err(Error::Finished { id: 7, status }) if status == "done")
+            matches!(found.answer(&by_key), Err(Error::Finished { id: 7, status }) if status == "done")
         );
+        let nobody = DeliveryFound {
+            id: None,
+            status: None,
+            signal_id: None,
+            woke: false,
+        };
+        assert!(
+            matches!(nobody.answer(&by_key), Err(Error::KeyNotFound { key }) if key == "order:7")
+        );
+        assert!(matches!(
+            nobody.answer(&Target::Id(7)),
+            Err(Error::NotFound { id: 7 })
+        ));
     }
 
     #[test]

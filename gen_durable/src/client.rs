@@ -20,6 +20,7 @@ use crate::options::InsertOptions;
 use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
 use crate::store::pg;
+use crate::target::Target;
 
 /// Default limit on a signal payload's JSON size: 1 MiB.
 pub const DEFAULT_MAX_SIGNAL_PAYLOAD: usize = 1 << 20;
@@ -179,11 +180,20 @@ impl Client {
         }
     }
 
-    /// Starts a signal delivery to instance `id`. `.await` it (or `.execute(&mut *tx)`).
-    pub fn signal(&self, id: i64, name: impl Into<String>, payload: Value) -> SignalSend<'_> {
+    /// Starts a signal delivery to an instance, named by its id or by its correlation
+    /// key (`Key("order:42")`). `.await` it (or `.execute(&mut *tx)`). Resolving the key,
+    /// storing the signal and waking the instance are one statement; a key no instance
+    /// holds is [`Error::KeyNotFound`](crate::Error::KeyNotFound), a finished holder
+    /// [`Error::Finished`](crate::Error::Finished), and nothing is stored.
+    pub fn signal(
+        &self,
+        to: impl Into<Target>,
+        name: impl Into<String>,
+        payload: Value,
+    ) -> SignalSend<'_> {
         SignalSend {
             client: self,
-            id,
+            target: to.into(),
             name: name.into(),
             payload,
             dedup_key: None,
@@ -273,6 +283,7 @@ impl<F: Fsm> Entry<F> {
 
     /// Resolves the entry into the row it inserts (FSM identity, state as JSON, options);
     /// the in-memory testkit inserts these.
+    #[doc(hidden)]
     pub fn into_new_instance(self) -> Result<NewInstance> {
         let state = serde_json::to_value(&self.state)?;
         FsmEntry::of::<F>().new_instance(state, self.opts)
@@ -384,7 +395,7 @@ impl<'c> IntoFuture for InsertJson<'c> {
 #[must_use = "a signal is not sent until awaited or executed"]
 pub struct SignalSend<'c> {
     client: &'c Client,
-    id: i64,
+    target: Target,
     name: String,
     payload: Value,
     dedup_key: Option<String>,
@@ -397,8 +408,10 @@ impl SignalSend<'_> {
         self
     }
 
-    /// Checks the name, payload and dedup key, then delivers on `db` in one statement.
+    /// Checks the target, name, payload and dedup key, then delivers on `db` in one
+    /// statement.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
+        crate::validate::check_target(&self.target)?;
         crate::validate::check_signal(
             &self.name,
             &self.payload,
@@ -407,14 +420,14 @@ impl SignalSend<'_> {
         )?;
         pg::signal::deliver(
             db,
-            self.id,
+            &self.target,
             &self.name,
             &self.payload,
             self.dedup_key.as_deref(),
             self.client.clock.now_param(),
         )
         .await?
-        .answer(self.id)
+        .answer(&self.target)
     }
 }
 

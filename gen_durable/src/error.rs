@@ -19,6 +19,13 @@ pub enum Error {
         /// The id that was asked for.
         id: i64,
     },
+    /// No instance holds this correlation key (none was inserted with it, or the one
+    /// that held it has finished and freed it); nothing was stored.
+    #[error("no live instance holds the key {key:?}; nothing was stored")]
+    KeyNotFound {
+        /// The key that was asked for.
+        key: String,
+    },
     /// The instance has already ended (`done` or `failed`); nothing was stored.
     #[error("instance {id} has already finished ({status}); nothing was stored")]
     Finished {

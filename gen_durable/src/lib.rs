@@ -87,6 +87,7 @@ pub mod runtime;
 mod state;
 mod status;
 mod store;
+mod target;
 mod telemetry;
 mod validate;
 
@@ -115,9 +116,10 @@ pub use options::InsertOptions;
 pub use registry::{FsmEntry, Registry};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;
+pub use target::{Key, Target};
 pub use telemetry::{Event, EventHandler};
 #[doc(hidden)]
-pub use validate::check_signal;
+pub use validate::{check_signal, check_target};
 pub use validate::{MAX_DELAY, MAX_KEY_BYTES};
 
 pub use gen_durable_macros::*;

@@ -70,11 +70,27 @@ macro_rules! __insert_options {
             partition_key(key: impl Into<String>) => partition_key = Some(key.into());
         }
         $crate::__insert_option! { $mode
-            /// At most one instance holds this key while its status is in the unique scope.
+            /// The instance's correlation key: its business name (`"order:42"`), set once.
+            /// While the instance's status is in the key's scope it holds the key: no other
+            /// instance can be inserted with it (`Error::Duplicate`; dropped by
+            /// `insert_all` and children), and `Key(..)` names it (`Client::signal`).
+            correlation_key(key: impl Into<String>) => unique_key = Some(key.into());
+        }
+        $crate::__insert_option! { $mode
+            /// The statuses in which the correlation key is held: every live status (the
+            /// default), optionally with `done` and/or `failed` (a finished instance keeps
+            /// its key until collected), or none (the key is then neither unique nor an
+            /// address). Other scopes are refused: a row could leave and re-enter them.
+            correlation_scope(scope: impl IntoIterator<Item = $crate::Status>)
+                => unique_scope = Some(scope.into_iter().collect());
+        }
+        $crate::__insert_option! { $mode
+            /// The correlation key under the name of its uniqueness half: the same as
+            /// `correlation_key`.
             unique_key(key: impl Into<String>) => unique_key = Some(key.into());
         }
         $crate::__insert_option! { $mode
-            /// The statuses in which the unique key is occupied; default: every non-terminal status.
+            /// The same as `correlation_scope`.
             unique_scope(scope: impl IntoIterator<Item = $crate::Status>)
                 => unique_scope = Some(scope.into_iter().collect());
         }

@@ -77,6 +77,7 @@ impl FsmEntry {
     }
 
     /// Runs one step of an instance of this FSM (see [`crate::runtime::run_erased`]).
+    #[doc(hidden)]
     pub fn run(&self, input: StepInput) -> futures_util::future::BoxFuture<'static, StepOutput> {
         (self.run)(input)
     }
@@ -90,6 +91,7 @@ impl FsmEntry {
     /// step checked against the FSM's steps and every value against what PostgreSQL
     /// stores. Every insert path reduces to this: `insert`, `insert_all`, `insert_json`,
     /// a child, and the testkit's.
+    #[doc(hidden)]
     pub fn new_instance(&self, state: Value, opts: InsertOptions) -> Result<NewInstance> {
         if let Some(step) = &opts.step {
             self.check_step(step)?;
@@ -186,6 +188,7 @@ impl Registry {
     /// The row an insert by name writes (`Client::insert_json`, the testkit's): the FSM
     /// version resolved, `state` checked to cast into its state type, then as
     /// [`FsmEntry::new_instance`].
+    #[doc(hidden)]
     pub fn new_instance(
         &self,
         fsm: &str,

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::runtime::NewInstance;
+use crate::target::Target;
 use crate::Status;
 
 /// The longest key (partition, unique, dedup, queue), in bytes: well inside a B-tree
@@ -114,6 +115,25 @@ pub(crate) fn key(what: &'static str, s: &str) -> Result<()> {
         ));
     }
     text(what, s)
+}
+
+/// A correlation key, at insert or as a target: a key, and not empty (an empty key
+/// could only ever name every keyless caller's mistake).
+pub(crate) fn correlation_key(k: &str) -> Result<()> {
+    if k.is_empty() {
+        return Err(invalid("correlation_key", "is empty".into()));
+    }
+    key("correlation_key", k)
+}
+
+/// A target: an id names itself; a key must be one a row could hold (the client's and
+/// the testkit's check).
+#[doc(hidden)]
+pub fn check_target(t: &Target) -> Result<()> {
+    match t {
+        Target::Id(_) => Ok(()),
+        Target::Key(k) => correlation_key(k),
+    }
 }
 
 /// A delay of at most [`MAX_DELAY`].
@@ -220,7 +240,7 @@ impl NewInstance {
             key("partition_key", k)?;
         }
         if let Some(k) = &self.unique_key {
-            key("unique_key", k)?;
+            correlation_key(k)?;
         }
         if let Some(s) = &self.unique_scope {
             scope(s)?;

@@ -3,7 +3,9 @@
 mod common;
 
 use common::{column, count, Checkout, Order};
-use gen_durable::{Client, Error};
+use std::future::IntoFuture;
+
+use gen_durable::{Client, Error, Key};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -167,4 +169,71 @@ async fn unknown_and_finished_targets_store_nothing() {
     }
     assert_eq!(count(db.pool(), "SELECT count(*) FROM gd_signals").await, 0);
     db.close().await;
+}
+
+/// A signal by key races the holder's end and a new holder's insert, 40 times: it is
+/// stored on exactly the row the answer names, or the caller gets an error and nothing
+/// is stored — never on a row the caller was not told about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_by_key_racing_a_change_of_holder_lands_on_the_row_it_names() {
+    let db = TestDb::with_pool_size(8).await;
+    let gd = Client::new(db.pool().clone());
+    let order = || Order {
+        order: 1,
+        paid: None,
+    };
+    let (mut to_old, mut to_new, mut refused) = (0, 0, 0);
+    for round in 0..40 {
+        let key = format!("race:{round}");
+        let old = gd
+            .insert::<Checkout>(order())
+            .correlation_key(key.clone())
+            .await
+            .unwrap();
+        let name = format!("note-{round}");
+        let end_old = async {
+            gd.cancel(old).await.unwrap();
+        };
+        let insert_new = async {
+            loop {
+                match gd
+                    .insert::<Checkout>(order())
+                    .correlation_key(key.clone())
+                    .await
+                {
+                    Ok(id) => return id,
+                    Err(Error::Duplicate { .. }) => tokio::task::yield_now().await,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        };
+        let send = gd.signal(Key(key.clone()), name.clone(), json!({}));
+        let ((), new, sent) = tokio::join!(end_old, insert_new, send.into_future());
+        let stored: Vec<i64> =
+            sqlx::query_scalar("SELECT target_id FROM gd_signals WHERE name = $1")
+                .bind(&name)
+                .fetch_all(db.pool())
+                .await
+                .unwrap();
+        match sent {
+            // Stored on the old holder before it was cancelled (the cancel deleted its
+            // inbox with it), or in the new holder's inbox.
+            Ok(d) if d.id == old => {
+                assert!(stored.is_empty(), "round {round}: {stored:?}");
+                to_old += 1;
+            }
+            Ok(d) => {
+                assert_eq!(d.id, new, "round {round}");
+                assert_eq!(stored, [new], "round {round}");
+                to_new += 1;
+            }
+            Err(Error::KeyNotFound { .. }) | Err(Error::Finished { .. }) => {
+                assert!(stored.is_empty(), "round {round}: {stored:?}");
+                refused += 1;
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+    }
+    assert_eq!(to_old + to_new + refused, 40);
+    eprintln!("to the old holder {to_old}, to the new {to_new}, refused {refused}");
 }

@@ -17,6 +17,8 @@ mod backend;
 mod children;
 #[path = "conformance/fsms.rs"]
 mod fsms;
+#[path = "conformance/keys.rs"]
+mod keys;
 #[path = "conformance/kit_only.rs"]
 mod kit_only;
 #[path = "conformance/model.rs"]
@@ -59,6 +61,15 @@ macro_rules! conformance {
 }
 
 conformance! {
+    keys::a_signal_by_key_reaches_its_holder,
+    keys::a_key_no_instance_holds_is_key_not_found,
+    keys::a_finished_holder_frees_its_key_for_a_new_run,
+    keys::a_finished_holder_in_scope_keeps_its_key_and_is_finished,
+    keys::an_empty_scope_makes_a_key_neither_unique_nor_an_address,
+    keys::a_child_holds_its_key,
+    keys::dedup_by_key_is_per_holder,
+    keys::bad_keys_are_typed_errors_that_write_nothing,
+    keys::unique_key_is_the_correlation_key,
     outcomes::next_runs_steps_in_order_and_resets_attempt,
     outcomes::replay_waits_for_the_clock_and_counts_attempts,
     outcomes::await_parks_until_a_matching_signal,

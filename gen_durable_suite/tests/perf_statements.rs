@@ -5,7 +5,7 @@
 //!   its inbox): inboxes and children come back with the claim, never row by row;
 //! - a flush of many `next` outcomes is a constant number of statements (10 vs 200
 //!   outcomes committed together): one, the call of `gd_commit_outcomes`;
-//! - a signal delivery is one statement.
+//! - a signal delivery is one statement, by id or by correlation key.
 //!
 //! How: `gen_durable_testkit::statements::StatementLog` records every statement sqlx
 //! logs. TestDb's pool turns logging off, so the engine here runs on a second pool
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{eventually, Count};
-use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step};
+use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step, Target};
 use gen_durable_testkit::statements::{Statement, StatementLog};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
@@ -268,13 +268,26 @@ fn a_signal_delivery_is_one_statement() {
         // One connection, so the warm-up below warms the one that is counted.
         let pool = logged_pool(&db, 1).await;
         let gd = Client::new(pool.clone()).with_registry(registry());
-        let id = gd.insert::<Noop>(Count::default()).await.unwrap();
+        let id = gd
+            .insert::<Noop>(Count::default())
+            .correlation_key("order:1")
+            .await
+            .unwrap();
         // The first use of a connection looks up the `gd_status` enum (sqlx caches it
         // per connection); warm it, then count.
         gd.signal(id, "warm", json!(0)).await.unwrap();
-        for (name, dedup) in [("a", None), ("b", Some("k")), ("b", Some("k"))] {
+        // By id and by key alike: resolving the key is part of the one statement.
+        let by_key = || Target::Key("order:1".into());
+        for (to, name, dedup) in [
+            (Target::Id(id), "a", None),
+            (Target::Id(id), "b", Some("k")),
+            (Target::Id(id), "b", Some("k")),
+            (by_key(), "c", None),
+            (by_key(), "d", Some("k2")),
+            (by_key(), "d", Some("k2")),
+        ] {
             rec.take();
-            let mut s = gd.signal(id, name, json!({ "x": 1 }));
+            let mut s = gd.signal(to, name, json!({ "x": 1 }));
             if let Some(k) = dedup {
                 s = s.dedup_key(k);
             }

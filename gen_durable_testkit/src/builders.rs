@@ -4,7 +4,7 @@
 use std::future::{ready, IntoFuture, Ready};
 use std::sync::{Arc, Mutex};
 
-use gen_durable::{Delivery, Entry, Fsm, InsertOptions, Result};
+use gen_durable::{Delivery, Entry, Fsm, InsertOptions, Result, Target};
 use serde_json::Value;
 
 use crate::kit::TestKit;
@@ -85,17 +85,17 @@ impl IntoFuture for KitInsertJson<'_> {
 #[must_use = "a signal is not sent until awaited"]
 pub struct KitSignal<'k> {
     kit: &'k mut TestKit,
-    id: i64,
+    target: Target,
     name: String,
     payload: Value,
     dedup_key: Option<String>,
 }
 
 impl<'k> KitSignal<'k> {
-    pub(crate) fn new(kit: &'k mut TestKit, id: i64, name: String, payload: Value) -> Self {
+    pub(crate) fn new(kit: &'k mut TestKit, target: Target, name: String, payload: Value) -> Self {
         KitSignal {
             kit,
-            id,
+            target,
             name,
             payload,
             dedup_key: None,
@@ -116,7 +116,7 @@ impl IntoFuture for KitSignal<'_> {
     fn into_future(self) -> Self::IntoFuture {
         ready(
             self.kit
-                .deliver(self.id, &self.name, self.payload, self.dedup_key),
+                .deliver(&self.target, &self.name, self.payload, self.dedup_key),
         )
     }
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
 use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, OutcomeKind, Registry, Result,
-    Status,
+    Status, Target,
 };
 use serde_json::Value;
 
@@ -181,17 +181,23 @@ impl TestKit {
     /// Starts a signal delivery to instance `id`; `.dedup_key(k)` optional, then
     /// `.await` it. Errors exactly as `Client::signal`: `NotFound`, `Finished`, a bad
     /// name or an oversized payload, and nothing stored.
-    pub fn signal(&mut self, id: i64, name: impl Into<String>, payload: Value) -> KitSignal<'_> {
-        KitSignal::new(self, id, name.into(), payload)
+    pub fn signal(
+        &mut self,
+        to: impl Into<Target>,
+        name: impl Into<String>,
+        payload: Value,
+    ) -> KitSignal<'_> {
+        KitSignal::new(self, to.into(), name.into(), payload)
     }
 
     pub(crate) fn deliver(
         &mut self,
-        id: i64,
+        to: &Target,
         name: &str,
         payload: Value,
         dedup_key: Option<String>,
     ) -> Result<Delivery> {
+        gen_durable::check_target(to)?;
         gen_durable::check_signal(
             name,
             &payload,
@@ -200,8 +206,8 @@ impl TestKit {
         )?;
         let now = self.now();
         self.store
-            .deliver(id, name, payload, dedup_key, now)
-            .answer(id)
+            .deliver(to, name, payload, dedup_key, now)
+            .answer(to)
     }
 
     /// A handle a step (or anything else) can send signals through while the kit runs:
@@ -219,7 +225,7 @@ impl TestKit {
 
     fn deliver_deferred(&mut self) {
         for d in self.outbox.take() {
-            let r = self.deliver(d.id, &d.name, d.payload, d.dedup_key);
+            let r = self.deliver(&Target::Id(d.id), &d.name, d.payload, d.dedup_key);
             self.sent.push((d.id, d.name, r));
         }
     }
@@ -397,6 +403,19 @@ impl TestKit {
                 self.store.ids().collect::<Vec<_>>()
             )
         })
+    }
+
+    /// A snapshot of the instance `key` names: its holder, or once none holds it, the
+    /// newest instance inserted with it (so a finished instance can still be asserted on
+    /// by key). Panics if no instance ever had the key.
+    #[track_caller]
+    pub fn instance_by_key(&self, key: &str) -> Instance {
+        let id = self
+            .store
+            .resolve(&Target::Key(key.to_string()))
+            .or_else(|| self.store.newest_with_key(key))
+            .unwrap_or_else(|| panic!("no instance in this TestKit has the key {key:?}"));
+        self.instance(id)
     }
 
     /// A snapshot of instance `id`, if it exists.

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
 use gen_durable::{
     CancelFound, ChildInfo, DeliveryFound, OutcomeKind, Registry, RetryFound, Signal, Status,
+    Target,
 };
 use serde_json::Value;
 
@@ -222,26 +223,24 @@ impl Store {
     /// for an unknown or terminal target.
     pub(crate) fn deliver(
         &mut self,
-        target: i64,
+        to: &Target,
         name: &str,
         payload: Value,
         dedup_key: Option<String>,
         now: DateTime<Utc>,
     ) -> DeliveryFound {
-        let Some(row) = self.rows.get(&target) else {
-            return DeliveryFound {
-                status: None,
-                signal_id: None,
-                woke: false,
-            };
+        let nothing = |target: Option<i64>, status: Option<Status>| DeliveryFound {
+            id: target,
+            status,
+            signal_id: None,
+            woke: false,
         };
-        let status = row.status;
+        let Some(target) = self.resolve(to) else {
+            return nothing(None, None);
+        };
+        let status = self.rows[&target].status;
         if status.is_terminal() {
-            return DeliveryFound {
-                status: Some(status),
-                signal_id: None,
-                woke: false,
-            };
+            return nothing(Some(target), Some(status));
         }
         let duplicate = dedup_key.as_ref().is_some_and(|k| {
             self.signals
@@ -249,11 +248,7 @@ impl Store {
                 .any(|s| s.target == target && s.signal.dedup_key.as_ref() == Some(k))
         });
         if duplicate {
-            return DeliveryFound {
-                status: Some(status),
-                signal_id: None,
-                woke: false,
-            };
+            return nothing(Some(target), Some(status));
         }
         self.last_signal += 1;
         let id = self.last_signal;
@@ -270,7 +265,7 @@ impl Store {
                 },
             },
         );
-        let row = self.rows.get_mut(&target).expect("checked above");
+        let row = self.rows.get_mut(&target).expect("resolved above");
         let woke = row.status == Status::AwaitingSignal && row.awaits.iter().any(|a| a == name);
         if woke {
             row.status = Status::Runnable;
@@ -278,10 +273,33 @@ impl Store {
             row.await_deadline = None;
         }
         DeliveryFound {
+            id: Some(target),
             status: Some(status),
             signal_id: Some(id),
             woke,
         }
+    }
+
+    /// The row a target names: the id, if stored; for a key, the one row holding it
+    /// (its guard: the key while the status is in the key's scope).
+    pub(crate) fn resolve(&self, to: &Target) -> Option<i64> {
+        match to {
+            Target::Id(id) => self.rows.contains_key(id).then_some(*id),
+            Target::Key(key) => self
+                .rows
+                .values()
+                .find(|r| r.guard() == Some(key.as_str()))
+                .map(|r| r.id),
+        }
+    }
+
+    /// The newest row inserted with correlation key `key`, whatever its status.
+    pub(crate) fn newest_with_key(&self, key: &str) -> Option<i64> {
+        self.rows
+            .values()
+            .rev()
+            .find(|r| r.unique_key.as_deref() == Some(key))
+            .map(|r| r.id)
     }
 
     /// CLAIM, one row at a time: the first runnable, eligible row of a registered

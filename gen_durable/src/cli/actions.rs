@@ -9,7 +9,7 @@ use super::args::format_age;
 use super::error::Kind;
 use super::{CliError, Output};
 use crate::store::pg::{admin, millis};
-use crate::Client;
+use crate::{Client, Target};
 
 pub(crate) async fn migrate(pool: &PgPool) -> Result<Output, CliError> {
     let before = applied(pool).await?;
@@ -42,24 +42,52 @@ async fn applied(pool: &PgPool) -> Result<Vec<(i64, String)>, CliError> {
     }
 }
 
+/// Reads `signal`'s positionals: `ID NAME JSON`, or `NAME JSON` with `--key`.
+fn signal_args(
+    args: Vec<String>,
+    key: Option<String>,
+) -> Result<(Target, String, String), CliError> {
+    let usage = |what: &str| {
+        CliError::new(Kind::Usage, what.to_string())
+            .hint("write `signal ID NAME JSON`, or `signal --key KEY NAME JSON`")
+    };
+    match (<[String; 3]>::try_from(args), key) {
+        (Ok([id, name, payload]), None) => {
+            let id = id
+                .parse()
+                .map_err(|_| usage(&format!("{id:?} is not an instance id")))?;
+            Ok((Target::Id(id), name, payload))
+        }
+        (Ok(_), Some(_)) => Err(usage("with --key, pass only NAME and JSON")),
+        (Err(args), Some(key)) => {
+            let [name, payload] = <[String; 2]>::try_from(args)
+                .map_err(|_| usage("pass NAME and JSON after --key KEY"))?;
+            Ok((Target::Key(key), name, payload))
+        }
+        (Err(_), None) => Err(usage("pass ID NAME JSON, or --key KEY NAME JSON")),
+    }
+}
+
 pub(crate) async fn signal(
     pool: &PgPool,
-    id: i64,
-    name: &str,
-    payload: &str,
+    args: Vec<String>,
+    key: Option<String>,
     dedup_key: Option<&str>,
 ) -> Result<Output, CliError> {
+    let (target, name, payload) = signal_args(args, key)?;
+    let (name, payload) = (name.as_str(), payload.as_str());
     let payload: Value = serde_json::from_str(payload).map_err(|e| {
         CliError::new(Kind::Usage, format!("the payload is not JSON: {e}")).hint(
             "pass one JSON value, quoted for your shell: '{\"amount\": 100}', '\"text\"', 42 or null",
         )
     })?;
     let gd = Client::new(pool.clone());
-    let mut send = gd.signal(id, name, payload);
+    let mut send = gd.signal(target.clone(), name, payload);
     if let Some(k) = dedup_key {
         send = send.dedup_key(k);
     }
     let d = send.await?;
+    let id = d.id;
     let text = match (d.signal_id, d.woke) {
         (Some(sid), true) => {
             format!("stored signal {sid} for instance {id}; it was awaiting {name:?} and is runnable now\n")

@@ -31,17 +31,24 @@ pub(crate) enum Command {
     /// One instance: its row, its inbox and its children.
     Inspect {
         /// The instance id.
-        id: i64,
+        #[arg(required_unless_present = "key", conflicts_with = "key")]
+        id: Option<i64>,
+        /// The instance holding this correlation key, or, once none does, the newest
+        /// instance inserted with it.
+        #[arg(long)]
+        key: Option<String>,
     },
-    /// Deliver a signal to an instance (it wakes if it awaits that name).
+    /// Deliver a signal to an instance (it wakes if it awaits that name):
+    /// `signal ID NAME JSON`, or `signal --key KEY NAME JSON` for the instance holding
+    /// a correlation key.
     Signal {
-        /// The instance id.
-        id: i64,
-        /// The signal name, 1 to 255 bytes.
-        name: String,
-        /// The payload, a JSON value: quote it for your shell, e.g. '{"amount": 100}'.
-        #[arg(value_name = "JSON")]
-        payload: String,
+        /// ID NAME JSON, or NAME JSON with --key. The name is 1 to 255 bytes; the
+        /// payload a JSON value, quoted for your shell, e.g. '{"amount": 100}'.
+        #[arg(num_args = 2..=3, required = true, value_names = ["ID", "NAME", "JSON"])]
+        args: Vec<String>,
+        /// Address the instance holding this correlation key instead of an id.
+        #[arg(long)]
+        key: Option<String>,
         /// A redelivery with the same key to the same instance stores nothing.
         #[arg(long)]
         dedup_key: Option<String>,

@@ -113,6 +113,10 @@ impl From<Error> for CliError {
             Error::NotFound { .. } => CliError::new(Kind::NotFound, message).hint(
                 "check the id: it may never have existed, or `gc` (or the retention) deleted it",
             ),
+            Error::KeyNotFound { .. } => CliError::new(Kind::NotFound, message).hint(
+                "no live instance holds it: check the key, or `inspect --key` for the newest \
+                 instance that had it",
+            ),
             Error::Finished { id, ref status } if status == "failed" => {
                 CliError::new(Kind::Conflict, message)
                     .hint(format!("`gen_durable retry {id}` makes it runnable again"))

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use super::table::{self, Table};
 use super::{CliError, Output};
 use crate::store::pg::admin;
-use crate::Error;
+use crate::{Error, Target};
 
 /// The row's columns in the order an operator reads them; any column not listed (a
 /// newer migration's) is printed after these, so nothing stored is hidden.
@@ -49,7 +49,13 @@ const TIME_FIELDS: &[&str] = &[
     "updated_at",
 ];
 
-pub(crate) async fn run(pool: &PgPool, id: i64) -> Result<Output, CliError> {
+pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliError> {
+    let id = match target {
+        Target::Id(id) => id,
+        Target::Key(key) => admin::id_by_key(pool, &key)
+            .await?
+            .ok_or(Error::KeyNotFound { key })?,
+    };
     let limit = admin::INSPECT_LIST_LIMIT;
     let found = admin::inspect(pool, id, limit)
         .await?

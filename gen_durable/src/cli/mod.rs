@@ -95,13 +95,19 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
     let out = match cli.command {
         Command::Migrate => actions::migrate(&pool).await,
         Command::Status => status::run(&pool).await,
-        Command::Inspect { id } => inspect::run(&pool, id).await,
+        Command::Inspect { id, key } => {
+            let target = match (id, key) {
+                (_, Some(key)) => crate::Target::Key(key),
+                (Some(id), None) => crate::Target::Id(id),
+                (None, None) => unreachable!("clap requires an id or --key"),
+            };
+            inspect::run(&pool, target).await
+        }
         Command::Signal {
-            id,
-            name,
-            payload,
+            args,
+            key,
             dedup_key,
-        } => actions::signal(&pool, id, &name, &payload, dedup_key.as_deref()).await,
+        } => actions::signal(&pool, args, key, dedup_key.as_deref()).await,
         Command::Cancel { id } => actions::cancel(&pool, id).await,
         Command::Retry { id } => actions::retry(&pool, id).await,
         Command::Gc { older_than } => actions::gc(&pool, older_than).await,

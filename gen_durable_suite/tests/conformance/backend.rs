@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gen_durable::Cancelled;
+use gen_durable::{Cancelled, Target};
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
 };
@@ -64,10 +64,15 @@ pub trait Backend {
     fn now(&self) -> DateTime<Utc>;
     async fn insert<F: Fsm>(&mut self, state: F::State, o: Opts) -> Result<i64>;
     async fn insert_all<F: Fsm>(&mut self, rows: Vec<(F::State, Opts)>) -> Result<Vec<i64>>;
-    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery>;
+    async fn signal(
+        &mut self,
+        to: impl Into<Target> + Send,
+        name: &str,
+        payload: Value,
+    ) -> Result<Delivery>;
     async fn signal_dedup(
         &mut self,
-        id: i64,
+        to: impl Into<Target> + Send,
         name: &str,
         payload: Value,
         key: &str,
@@ -134,17 +139,22 @@ impl Backend for Kit {
         let entries = rows.into_iter().map(|(s, o)| Entry::<F>::new(s).options(o));
         self.kit.insert_all(entries).await
     }
-    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
-        self.kit.signal(id, name, payload).await
+    async fn signal(
+        &mut self,
+        to: impl Into<Target> + Send,
+        name: &str,
+        payload: Value,
+    ) -> Result<Delivery> {
+        self.kit.signal(to, name, payload).await
     }
     async fn signal_dedup(
         &mut self,
-        id: i64,
+        to: impl Into<Target> + Send,
         name: &str,
         payload: Value,
         key: &str,
     ) -> Result<Delivery> {
-        self.kit.signal(id, name, payload).dedup_key(key).await
+        self.kit.signal(to, name, payload).dedup_key(key).await
     }
     async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
         self.kit.cancel(id).await
@@ -276,17 +286,22 @@ impl Backend for Pg {
         let entries = rows.into_iter().map(|(s, o)| Entry::<F>::new(s).options(o));
         self.client.insert_all(entries).await
     }
-    async fn signal(&mut self, id: i64, name: &str, payload: Value) -> Result<Delivery> {
-        self.client.signal(id, name, payload).await
+    async fn signal(
+        &mut self,
+        to: impl Into<Target> + Send,
+        name: &str,
+        payload: Value,
+    ) -> Result<Delivery> {
+        self.client.signal(to, name, payload).await
     }
     async fn signal_dedup(
         &mut self,
-        id: i64,
+        to: impl Into<Target> + Send,
         name: &str,
         payload: Value,
         key: &str,
     ) -> Result<Delivery> {
-        self.client.signal(id, name, payload).dedup_key(key).await
+        self.client.signal(to, name, payload).dedup_key(key).await
     }
     async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
         let c = self.client.cancel(id).await?;

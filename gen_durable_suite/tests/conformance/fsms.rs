@@ -300,5 +300,15 @@ pub fn registry() -> Registry {
     r.register::<Mixed>();
     r.register::<Flaky>();
     r.register::<Parted>();
+    r.register::<KeyedParent>();
     r
 }
+
+// Spawns one `Waiter` child holding the key `child:<tag>`, and ends with its result.
+test_fsm!(KeyedParent, state = S, queue = "conf", version = 1, {
+    Spawn => "spawn" |ctx| {
+        let key = format!("child:{}", ctx.state.tag);
+        Ok(Step::schedule_children(vec![Child::new::<Waiter>(S::default()).correlation_key(key)], KeyedParent::Sum))
+    },
+    Sum => "sum" |ctx| { Ok(Step::done(ctx.children()[0].result.clone().unwrap_or_default())) },
+});

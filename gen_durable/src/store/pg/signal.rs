@@ -6,6 +6,7 @@ use sqlx::PgExecutor;
 
 use crate::answers::DeliveryFound;
 use crate::error::Result;
+use crate::target::Target;
 use crate::Status;
 
 /// One statement. `target` locks the instance row first, so delivery
@@ -33,22 +34,57 @@ WITH target AS (
        AND EXISTS (SELECT 1 FROM ins)
     RETURNING i.queue
 )
-SELECT (SELECT status FROM target) AS status,
+SELECT (SELECT id FROM target) AS id,
+       (SELECT status FROM target) AS status,
        (SELECT id FROM ins) AS signal_id,
        (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
 "#;
 
-/// Delivers one signal; what it found is turned into the caller's answer in `answers`.
+/// DELIVER addressed by correlation key (`$1`): the same statement, whose `target` is
+/// the one row holding the key — live, or terminal if its scope includes that status —
+/// found through the unique index on `unique_guard` and locked. The lock re-checks the
+/// guard on the newest row version, so a holder that finished (and freed the key) since
+/// the statement's snapshot is not taken: the caller gets `KeyNotFound`, never a signal
+/// stored on a row that will not read it.
+pub(super) const DELIVER_BY_KEY: &str = r#"/* gd:signal */
+WITH target AS (
+    SELECT id, status, awaits, queue FROM gd_instances WHERE unique_guard = $1 FOR NO KEY UPDATE
+), ins AS (
+    INSERT INTO gd_signals (target_id, name, payload, dedup_key, inserted_at)
+    SELECT id, $2, $3, $4, coalesce($5, now()) FROM target
+    WHERE status NOT IN ('done', 'failed')
+    ON CONFLICT (target_id, dedup_key) DO NOTHING
+    RETURNING id
+), wake AS (
+    UPDATE gd_instances i
+       SET status = 'runnable', eligible_at = coalesce($5, now()), await_deadline = NULL,
+           updated_at = coalesce($5, now())
+      FROM target t
+     WHERE i.id = t.id AND t.status = 'awaiting_signal' AND $2 = ANY (t.awaits)
+       AND EXISTS (SELECT 1 FROM ins)
+    RETURNING i.queue
+)
+SELECT (SELECT id FROM target) AS id,
+       (SELECT status FROM target) AS status,
+       (SELECT id FROM ins) AS signal_id,
+       (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
+"#;
+
+/// Delivers one signal to `target` in one statement; what it found is turned into the
+/// caller's answer in `answers`.
 pub(crate) async fn deliver<'e>(
     db: impl PgExecutor<'e>,
-    target: i64,
+    target: &Target,
     name: &str,
     payload: &Value,
     dedup_key: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<DeliveryFound> {
-    let (status, signal_id, woke): (Option<Status>, Option<i64>, i64) = sqlx::query_as(DELIVER)
-        .bind(target)
+    let query = match target {
+        Target::Id(id) => sqlx::query_as(DELIVER).bind(id),
+        Target::Key(key) => sqlx::query_as(DELIVER_BY_KEY).bind(key),
+    };
+    let (id, status, signal_id, woke): (Option<i64>, Option<Status>, Option<i64>, i64) = query
         .bind(name)
         .bind(payload)
         .bind(dedup_key)
@@ -56,6 +92,7 @@ pub(crate) async fn deliver<'e>(
         .fetch_one(db)
         .await?;
     Ok(DeliveryFound {
+        id,
         status,
         signal_id,
         woke: woke > 0,
