@@ -21,6 +21,7 @@ use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
 use crate::store::pg;
 use crate::target::Target;
+use crate::wait::{Wait, Waiters, DEFAULT_WAIT_TICK};
 
 /// Default limit on a signal payload's JSON size: 1 MiB.
 pub const DEFAULT_MAX_SIGNAL_PAYLOAD: usize = 1 << 20;
@@ -62,8 +63,11 @@ pub struct Client {
     /// Awaited keyless inserts, grouped into shared statements.
     group: Arc<GroupInsert>,
     /// The tasks this client runs in the background (grouped inserts, trailing
-    /// wake-ups); closed from the start, so [`Client::flush`] waits until it is empty.
+    /// wake-ups, the wait probe); closed from the start, so [`Client::flush`] waits until
+    /// it is empty.
     tasks: TaskTracker,
+    /// The instances its callers wait on (`wait`), and their probe.
+    waiters: Arc<Waiters>,
 }
 
 impl Client {
@@ -72,6 +76,7 @@ impl Client {
         let tasks = TaskTracker::new();
         tasks.close();
         Client {
+            waiters: Waiters::new(pool.clone(), DEFAULT_WAIT_TICK, tasks.clone()),
             notifier: Notifier::new(pool.clone(), crate::notify::DEFAULT_WINDOW, tasks.clone()),
             pool,
             clock: Clock::database(),
@@ -117,6 +122,15 @@ impl Client {
     /// Sets the largest signal payload accepted, in bytes of JSON (default 1 MiB).
     pub fn with_max_signal_payload(mut self, bytes: usize) -> Self {
         self.max_signal_payload = bytes;
+        self
+    }
+
+    /// Probes the rows its callers [`wait`](Client::wait) on every `tick` (default 25 ms),
+    /// one statement for all of them, and only while someone waits; each waiter also
+    /// reads its own row every 40 ticks. An engine in the same process wakes waiters at
+    /// once when it commits.
+    pub fn with_wait_tick(mut self, tick: Duration) -> Self {
+        self.waiters = Waiters::new(self.pool.clone(), tick, self.tasks.clone());
         self
     }
 
@@ -200,6 +214,33 @@ impl Client {
         }
     }
 
+    /// Waits for an instance, named by id or by key, to settle: `done`, `failed`, or
+    /// parked on a signal or on children; at the deadline (`.timeout(d)`, default 5 s)
+    /// it answers [`Settled::Busy`](crate::Settled::Busy) — wait again. `.until_terminal()` waits through parked
+    /// states. A key names its holder or, once none holds it, the newest instance
+    /// inserted with it; a key no instance ever had is
+    /// [`Error::KeyNotFound`](crate::Error::KeyNotFound).
+    ///
+    /// ```no_run
+    /// # async fn demo(gd: gen_durable::Client) -> gen_durable::Result<()> {
+    /// use gen_durable::{Key, Settled};
+    /// use std::time::Duration;
+    /// match gd.wait(Key("order:42")).timeout(Duration::from_secs(2)).await? {
+    ///     Settled::Done(result) => println!("200 {result}"),
+    ///     Settled::Busy { .. } | Settled::Parked { .. } => println!("202, ask again"),
+    ///     Settled::Failed(error) => println!("500 {error}"),
+    ///     Settled::Gone => println!("404"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(&self, target: impl Into<Target>) -> Wait<'_> {
+        Wait::new(self, target.into())
+    }
+
+    pub(crate) fn waiters(&self) -> &Arc<Waiters> {
+        &self.waiters
+    }
+
     /// Cancels instance `id`: a runnable or parked instance
     /// is `failed` ("cancelled") at once; an executing one after its current step, whose
     /// `ctx.cancelled()` resolves meanwhile. Live children are cancelled with it.
@@ -207,6 +248,7 @@ impl Client {
         let mut tx = self.pool.begin().await?;
         let found = pg::control::cancel(&mut tx, id, self.clock.now_param()).await?;
         tx.commit().await?;
+        crate::wait::wake(id);
         found.answer(id)
     }
 

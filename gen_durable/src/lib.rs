@@ -90,6 +90,7 @@ mod store;
 mod target;
 mod telemetry;
 mod validate;
+mod wait;
 
 // The operator CLI behind the `gen_durable` binary; not part of the library API.
 #[cfg(feature = "cli")]
@@ -121,14 +122,17 @@ pub use telemetry::{Event, EventHandler};
 #[doc(hidden)]
 pub use validate::{check_signal, check_target};
 pub use validate::{MAX_DELAY, MAX_KEY_BYTES};
+#[doc(hidden)]
+pub use wait::WaitRow;
+pub use wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 
 pub use gen_durable_macros::*;
 
 /// The usual imports: `use gen_durable::prelude::*;`
 pub mod prelude {
     pub use crate::{
-        backoff, Child, Client, Ctx, DurableState, Engine, Fsm, JobCtx, JobError, JobResult,
-        Signal, Status, Step, StepError, StepResult,
+        backoff, Child, Client, Ctx, DurableState, Engine, Fsm, JobCtx, JobError, JobResult, Key,
+        Settled, Signal, Status, Step, StepError, StepResult,
     };
     pub use gen_durable_macros::{durable_fsm, durable_job, durable_steps};
     pub use serde::{Deserialize, Serialize};

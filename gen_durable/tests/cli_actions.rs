@@ -280,3 +280,66 @@ async fn gc_deletes_old_terminal_rows_in_batches_and_keeps_children_of_live_pare
     }
     db.close().await;
 }
+
+#[tokio::test]
+async fn signal_and_inspect_by_key() {
+    let db = TestDb::new().await;
+    let p = db.pool();
+    let holder = Row::new("Checkout", "checkout", "awaiting_signal")
+        .step("ship")
+        .insert(p)
+        .await;
+    sqlx::query(
+        "UPDATE gd_instances SET awaits = '{paid}', unique_key = 'order:9',
+                unique_scope = '{runnable,executing,awaiting_signal,awaiting_children}'
+          WHERE id = $1",
+    )
+    .bind(holder)
+    .execute(p)
+    .await
+    .unwrap();
+
+    let j = gd_on(&db, &["--json", "signal", "--key", "order:9", "paid", "{}"])
+        .expect(0)
+        .json();
+    assert_eq!(j["id"], holder);
+    assert_eq!(j["woke"], true);
+    let j = gd_on(&db, &["--json", "inspect", "--key", "order:9"])
+        .expect(0)
+        .json();
+    assert_eq!(j["instance"]["id"], holder);
+
+    // No holder: not found, nothing stored; a key with an id is a usage error.
+    let r = gd_on(&db, &["signal", "--key", "order:10", "paid", "{}"]).expect(NOT_FOUND);
+    assert!(
+        r.stderr
+            .contains(r#"no live instance holds the key "order:10""#),
+        "{}",
+        r.stderr
+    );
+    let r = gd_on(&db, &["signal", "--key", "order:9", "1", "paid", "{}"]).expect(USAGE);
+    assert!(
+        r.stderr.contains("with --key, pass only NAME and JSON"),
+        "{}",
+        r.stderr
+    );
+    let r = gd_on(&db, &["inspect", "--key", "order:10"]).expect(NOT_FOUND);
+    assert!(r.stderr.contains("order:10"), "{}", r.stderr);
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_signals")
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert_eq!(stored, 1);
+
+    // Once the holder finished (freeing the key), inspect --key still finds it.
+    sqlx::query("UPDATE gd_instances SET status = 'done' WHERE id = $1")
+        .bind(holder)
+        .execute(p)
+        .await
+        .unwrap();
+    let j = gd_on(&db, &["--json", "inspect", "--key", "order:9"])
+        .expect(0)
+        .json();
+    assert_eq!(j["instance"]["id"], holder);
+    db.close().await;
+}

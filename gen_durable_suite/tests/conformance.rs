@@ -29,6 +29,8 @@ mod outcomes;
 mod scheduling;
 #[path = "conformance/signals.rs"]
 mod signals;
+#[path = "conformance/waits.rs"]
+mod waits;
 
 use backend::Backend;
 
@@ -70,6 +72,10 @@ conformance! {
     keys::dedup_by_key_is_per_holder,
     keys::bad_keys_are_typed_errors_that_write_nothing,
     keys::unique_key_is_the_correlation_key,
+    waits::wait_answers_done_with_the_result_by_id_and_by_key,
+    waits::wait_answers_failed_with_the_last_error,
+    waits::wait_answers_parked_unless_until_terminal,
+    waits::wait_on_nothing_is_gone_or_key_not_found,
     outcomes::next_runs_steps_in_order_and_resets_attempt,
     outcomes::replay_waits_for_the_clock_and_counts_attempts,
     outcomes::await_parks_until_a_matching_signal,

@@ -4,7 +4,7 @@
 use std::future::{ready, IntoFuture, Ready};
 use std::sync::{Arc, Mutex};
 
-use gen_durable::{Delivery, Entry, Fsm, InsertOptions, Result, Target};
+use gen_durable::{Delivery, Entry, Fsm, InsertOptions, Result, Settled, Target};
 use serde_json::Value;
 
 use crate::kit::TestKit;
@@ -118,6 +118,39 @@ impl IntoFuture for KitSignal<'_> {
             self.kit
                 .deliver(&self.target, &self.name, self.payload, self.dedup_key),
         )
+    }
+}
+
+/// A pending wait on a [`TestKit`]'s instance; see [`TestKit::wait`].
+#[derive(Debug)]
+#[must_use = "a wait does nothing until awaited"]
+pub struct KitWait<'k> {
+    kit: &'k TestKit,
+    target: Target,
+    until_terminal: bool,
+}
+
+impl<'k> KitWait<'k> {
+    pub(crate) fn new(kit: &'k TestKit, target: Target) -> Self {
+        KitWait {
+            kit,
+            target,
+            until_terminal: false,
+        }
+    }
+
+    /// Answers a parked instance with `Busy`, as `Wait::until_terminal` would at its deadline.
+    pub fn until_terminal(mut self) -> Self {
+        self.until_terminal = true;
+        self
+    }
+}
+
+impl IntoFuture for KitWait<'_> {
+    type Output = Result<Settled>;
+    type IntoFuture = Ready<Result<Settled>>;
+    fn into_future(self) -> Self::IntoFuture {
+        ready(self.kit.wait_now(&self.target, self.until_terminal))
     }
 }
 

@@ -8,11 +8,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
 use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, OutcomeKind, Registry, Result,
-    Status, Target,
+    Settled, Status, Target,
 };
 use serde_json::Value;
 
-use crate::builders::{KitInsert, KitInsertJson, KitSignal, Outbox, SignalSender};
+use crate::builders::{KitInsert, KitInsertJson, KitSignal, KitWait, Outbox, SignalSender};
 use crate::instance::Instance;
 use crate::store::Store;
 use crate::tally::Tally;
@@ -246,6 +246,33 @@ impl TestKit {
     pub fn retry(&mut self, id: i64) -> Ready<Result<()>> {
         let now = self.now();
         ready(self.store.retry(id, now).answer(id))
+    }
+
+    /// Starts a wait for an instance, named by id or by key, as `Client::wait` does; `.await`
+    /// it. The kit answers at once from the in-memory row — no step runs meanwhile — so
+    /// where the client would wait, the kit answers `Settled::Busy`.
+    pub fn wait(&self, to: impl Into<Target>) -> KitWait<'_> {
+        KitWait::new(self, to.into())
+    }
+
+    /// The answer of a wait on `to` now.
+    pub(crate) fn wait_now(&self, to: &Target, until_terminal: bool) -> Result<Settled> {
+        gen_durable::check_target(to)?;
+        let id = match to {
+            Target::Id(id) => *id,
+            Target::Key(key) => self
+                .store
+                .resolve(to)
+                .or_else(|| self.store.newest_with_key(key))
+                .ok_or_else(|| Error::KeyNotFound { key: key.clone() })?,
+        };
+        Ok(match self.store.row(id) {
+            None => Settled::Gone,
+            Some(row) => {
+                let row = row.wait_row();
+                row.settled(until_terminal).unwrap_or_else(|| row.busy())
+            }
+        })
     }
 
     /// Simulates a lost worker: runnable instance `id` is claimed by a worker that dies

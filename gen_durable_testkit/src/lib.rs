@@ -61,7 +61,7 @@ pub mod statements;
 mod store;
 mod tally;
 
-pub use builders::{KitInsert, KitInsertJson, KitSignal, SignalSender};
+pub use builders::{KitInsert, KitInsertJson, KitSignal, KitWait, SignalSender};
 pub use instance::Instance;
 pub use kit::{epoch, TestKit, DEFAULT_MAX_STEPS};
 pub use pg::TestDb;

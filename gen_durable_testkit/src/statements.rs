@@ -26,7 +26,8 @@ use tracing::{Event, Metadata, Subscriber};
 ///
 /// - `claim`: the pick; `fence`: the lock of a batch that spawns children; `apply`: the
 ///   group commit (`gd_commit_outcomes`); `insert`: inserting instances; `signal`: a
-///   delivery; `notify`: a bare wake-up of a queue;
+///   delivery; `wait`: a wait's reads and its client's probe; `notify`: a bare
+///   wake-up of a queue;
 /// - `heartbeat`: lease extension; `reap`: the reaper (and its list of expired rows);
 ///   `release`: rows a draining worker gives back; `await_timeouts`: await deadlines
 ///   (and the next one); `announce`: a node's announce and forget; `collect`: the
@@ -40,6 +41,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "apply",
     "insert",
     "signal",
+    "wait",
     "notify",
     "heartbeat",
     "reap",

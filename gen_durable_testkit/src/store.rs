@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
 use gen_durable::{
     CancelFound, ChildInfo, DeliveryFound, OutcomeKind, Registry, RetryFound, Signal, Status,
-    Target,
+    Target, WaitRow,
 };
 use serde_json::Value;
 
@@ -48,6 +48,20 @@ impl Row {
     /// The generated column `unique_guard`: the key while the status is in the scope.
     fn guard(&self) -> Option<&str> {
         guard(&self.unique_key, &self.unique_scope, self.status)
+    }
+
+    /// What a wait reads of the row.
+    pub(crate) fn wait_row(&self) -> WaitRow {
+        WaitRow {
+            id: self.id,
+            status: self.status,
+            step: self.step.clone(),
+            attempt: self.attempt,
+            result: self.result.clone(),
+            last_error: self.last_error.clone(),
+            awaits: self.awaits.clone(),
+            children_pending: self.children_pending,
+        }
     }
 }
 

@@ -52,7 +52,7 @@ const TIME_FIELDS: &[&str] = &[
 pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliError> {
     let id = match target {
         Target::Id(id) => id,
-        Target::Key(key) => admin::id_by_key(pool, &key)
+        Target::Key(key) => crate::store::pg::wait::id_by_key(pool, &key)
             .await?
             .ok_or(Error::KeyNotFound { key })?,
     };

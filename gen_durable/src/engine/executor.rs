@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::engine::shared::Shared;
+use crate::kind::OutcomeKind;
 use crate::registry::FsmEntry;
 use crate::runtime::{Outcome, StepInput};
 use crate::store::pg::claim;
@@ -108,6 +109,9 @@ async fn run_chain(
                     step,
                     kind,
                 });
+                if !matches!(kind, OutcomeKind::Next | OutcomeKind::Replay) {
+                    crate::wait::wake(id);
+                }
                 match next {
                     Some((step, state, consumed)) if reply.continued => {
                         let now = reply.now.unwrap_or_else(chrono::Utc::now);

@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gen_durable::{Cancelled, Target};
+use gen_durable::{Cancelled, Settled, Target};
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
 };
@@ -77,6 +77,9 @@ pub trait Backend {
         payload: Value,
         key: &str,
     ) -> Result<Delivery>;
+    /// A wait that answers now (the Postgres one with a zero timeout).
+    async fn wait(&mut self, to: impl Into<Target> + Send, until_terminal: bool)
+        -> Result<Settled>;
     async fn cancel(&mut self, id: i64) -> Result<Cancelled>;
     async fn retry(&mut self, id: i64) -> Result<()>;
     /// A worker claims runnable instance `id` and dies before committing; then one
@@ -155,6 +158,18 @@ impl Backend for Kit {
         key: &str,
     ) -> Result<Delivery> {
         self.kit.signal(to, name, payload).dedup_key(key).await
+    }
+    async fn wait(
+        &mut self,
+        to: impl Into<Target> + Send,
+        until_terminal: bool,
+    ) -> Result<Settled> {
+        let w = self.kit.wait(to);
+        if until_terminal {
+            w.until_terminal().await
+        } else {
+            w.await
+        }
     }
     async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
         self.kit.cancel(id).await
@@ -302,6 +317,18 @@ impl Backend for Pg {
         key: &str,
     ) -> Result<Delivery> {
         self.client.signal(to, name, payload).dedup_key(key).await
+    }
+    async fn wait(
+        &mut self,
+        to: impl Into<Target> + Send,
+        until_terminal: bool,
+    ) -> Result<Settled> {
+        let w = self.client.wait(to).timeout(Duration::ZERO);
+        if until_terminal {
+            w.until_terminal().await
+        } else {
+            w.await
+        }
     }
     async fn cancel(&mut self, id: i64) -> Result<Cancelled> {
         let c = self.client.cancel(id).await?;

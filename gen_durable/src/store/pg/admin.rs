@@ -258,20 +258,6 @@ pub(crate) struct Inspection {
     pub(crate) children: Value,
 }
 
-/// The instance a correlation key names, for an operator: its holder (through the
-/// unique index), else the newest row ever inserted with the key. The fallback scans
-/// `unique_key`, which has no index of its own (the key has one index, on its guard):
-/// fine for one operator lookup, not for a hot path.
-const BY_KEY: &str = r#"/* gd:admin */
-SELECT coalesce(
-    (SELECT id FROM gd_instances WHERE unique_guard = $1),
-    (SELECT max(id) FROM gd_instances WHERE unique_key = $1))
-"#;
-
-pub(crate) async fn id_by_key<'e>(db: impl PgExecutor<'e>, key: &str) -> Result<Option<i64>> {
-    Ok(sqlx::query_scalar(BY_KEY).bind(key).fetch_one(db).await?)
-}
-
 pub(crate) async fn inspect<'e>(
     db: impl PgExecutor<'e>,
     id: i64,

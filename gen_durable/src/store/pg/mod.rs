@@ -31,6 +31,7 @@ pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod outcome;
 pub(crate) mod signal;
+pub(crate) mod wait;
 
 /// The LISTEN/NOTIFY channel; the payload is the queue name.
 pub(crate) const WAKE_CHANNEL: &str = "gd_wake";
@@ -78,7 +79,7 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 7] = [
+    const SOURCES: [(&str, &str); 8] = [
         ("admin.rs", include_str!("admin.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
@@ -86,6 +87,7 @@ mod tests {
         ("lease.rs", include_str!("lease.rs")),
         ("outcome.rs", include_str!("outcome.rs")),
         ("signal.rs", include_str!("signal.rs")),
+        ("wait.rs", include_str!("wait.rs")),
     ];
 
     /// The literal each `const NAME: &str = …;` of `src` starts with: (name, text).
