@@ -21,6 +21,7 @@ use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
 use crate::store::pg;
 use crate::target::Target;
+use crate::telemetry::{Event, Telemetry};
 use crate::wait::{Wait, Waiters, DEFAULT_WAIT_TICK};
 
 /// Default limit on a signal payload's JSON size: 1 MiB.
@@ -68,6 +69,8 @@ pub struct Client {
     tasks: TaskTracker,
     /// The instances its callers wait on (`wait`), and their probe.
     waiters: Arc<Waiters>,
+    /// The handlers of its events (`wait.stop`).
+    telemetry: Telemetry,
 }
 
 impl Client {
@@ -84,6 +87,7 @@ impl Client {
             max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
             group: Arc::default(),
             tasks,
+            telemetry: Telemetry::default(),
         }
     }
 
@@ -239,6 +243,17 @@ impl Client {
 
     pub(crate) fn waiters(&self) -> &Arc<Waiters> {
         &self.waiters
+    }
+
+    pub(crate) fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// Adds a handler of this client's events (`wait.stop`); they are also `tracing`
+    /// events, as the engine's are.
+    pub fn on_event(mut self, handler: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.telemetry.add(Arc::new(handler));
+        self
     }
 
     /// Cancels instance `id`: a runnable or parked instance

@@ -1,6 +1,6 @@
 //! Telemetry: each event is a `tracing` event with target
 //! `gen_durable::<group>`, and a typed [`Event`] delivered to the handlers registered
-//! with `EngineBuilder::on_event`.
+//! with `EngineBuilder::on_event` (and `Client::on_event`, for the client's events).
 //!
 //! | event | fields |
 //! |---|---|
@@ -15,6 +15,7 @@
 //! | `await.timed_out` | `count`: parked rows past their deadline, made runnable by one sweep |
 //! | `collector.deleted` | `count`: finished rows older than the retention, deleted by one pass |
 //! | `listener.connected` | `reconnect`: the wake-up listener is (again) on LISTEN |
+//! | `wait.stop` | `duration`; `id, outcome` (`done`, `failed`, `parked`, `busy`, `gone` or `error`): one `Client::wait`, emitted to the client's handlers (`Client::on_event`) |
 //! | `lease.lost` | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
 
 use std::fmt;
@@ -139,6 +140,15 @@ pub enum Event {
         /// queue is woken).
         reconnect: bool,
     },
+    /// `wait.stop`: a `Client::wait` returned.
+    WaitStop {
+        /// How long it waited.
+        duration: Duration,
+        /// The instance it waited on, once resolved (`None` for a key no row had).
+        id: Option<i64>,
+        /// `done`, `failed`, `parked`, `busy`, `gone`, or `error`.
+        outcome: &'static str,
+    },
 }
 
 /// A registered event handler.
@@ -227,6 +237,12 @@ impl Telemetry {
                 target: "gen_durable::collector", count, "collector.deleted"),
             Event::ListenerConnected { reconnect } => tracing::debug!(
                 target: "gen_durable::listener", reconnect, "listener.connected"),
+            Event::WaitStop {
+                duration,
+                id,
+                outcome,
+            } => tracing::debug!(
+                target: "gen_durable::wait", duration_us = duration.as_micros() as u64, id = ?id, outcome, "wait.stop"),
         }
         for h in &self.handlers {
             h(&event);

@@ -23,6 +23,7 @@ use crate::client::Client;
 use crate::error::Result;
 use crate::store::pg;
 use crate::target::Target;
+use crate::telemetry::Event;
 use crate::Status;
 
 /// How long `wait` waits unless told: 5 s.
@@ -95,6 +96,19 @@ pub struct WaitRow {
     pub children_pending: i32,
 }
 
+impl Settled {
+    /// Its name in events: `done`, `failed`, `parked`, `busy` or `gone`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Settled::Done(_) => "done",
+            Settled::Failed(_) => "failed",
+            Settled::Parked { .. } => "parked",
+            Settled::Busy { .. } => "busy",
+            Settled::Gone => "gone",
+        }
+    }
+}
+
 impl WaitRow {
     /// The answer if the row is settled for this wait, `None` if the wait goes on.
     pub fn settled(&self, until_terminal: bool) -> Option<Settled> {
@@ -156,6 +170,19 @@ impl<'c> Wait<'c> {
     }
 
     async fn run(self) -> Result<Settled> {
+        let started = Instant::now();
+        let mut id = None;
+        let answer = self.answer(&mut id).await;
+        self.client.telemetry().emit(Event::WaitStop {
+            duration: started.elapsed(),
+            id,
+            outcome: answer.as_ref().map_or("error", Settled::name),
+        });
+        answer
+    }
+
+    /// The answer; `resolved` is the id once the target is resolved.
+    async fn answer(&self, resolved: &mut Option<i64>) -> Result<Settled> {
         crate::validate::check_target(&self.target)?;
         let pool = self.client.pool();
         let deadline = Instant::now() + self.timeout;
@@ -166,6 +193,7 @@ impl<'c> Wait<'c> {
                 None => return Err(not_found(&self.target)),
             },
         };
+        *resolved = Some(id);
         // Registered before the first read, so a commit between the read and the sleep
         // leaves its wake-up behind.
         let waiting = self.client.waiters().register(id, !self.until_terminal);

@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Count;
-use gen_durable::{Client, Engine, Key, QueueConfig, Registry, Settled, Status, Step};
+use gen_durable::{Client, Engine, Event, Key, QueueConfig, Registry, Settled, Status, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -101,7 +102,15 @@ async fn the_probe_sees_a_commit_made_elsewhere() {
 #[tokio::test]
 async fn a_wait_past_its_deadline_is_busy_and_a_missing_row_gone() {
     let db = TestDb::new().await;
-    let gd = Client::new(db.pool().clone()).with_registry(registry());
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let gd = Client::new(db.pool().clone())
+        .with_registry(registry())
+        .on_event(move |e| {
+            if let Event::WaitStop { id, outcome, .. } = e {
+                seen.lock().unwrap().push((*id, *outcome));
+            }
+        });
     let id = gd.insert::<Waiter>(Count::default()).await.unwrap();
     let started = Instant::now();
     let busy = gd
@@ -119,5 +128,11 @@ async fn a_wait_past_its_deadline_is_busy_and_a_missing_row_gone() {
         }
     );
     assert_eq!(gd.wait(id + 1).await.unwrap(), Settled::Gone);
+    assert!(gd.wait(Key("nobody")).await.is_err());
+    assert_eq!(
+        *events.lock().unwrap(),
+        [(Some(id), "busy"), (Some(id + 1), "gone"), (None, "error")],
+        "one wait.stop per wait"
+    );
     db.close().await;
 }
