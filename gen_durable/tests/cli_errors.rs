@@ -138,6 +138,8 @@ fn bad_arguments_are_usage_errors() {
         "{}",
         r.stderr
     );
-    gd(&["signal", "1", "go"]).expect(USAGE);
+    let r = gd(&["signal", "1", "go"]).expect(USAGE);
+    assert!(r.stderr.contains("pass ID NAME JSON"), "{}", r.stderr);
+    gd(&["signal", "--key", "k", "1", "go", "{}"]).expect(USAGE);
     gd(&["frobnicate"]).expect(USAGE);
 }

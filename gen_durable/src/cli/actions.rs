@@ -43,39 +43,37 @@ async fn applied(pool: &PgPool) -> Result<Vec<(i64, String)>, CliError> {
 }
 
 /// Reads `signal`'s positionals: `ID NAME JSON`, or `NAME JSON` with `--key`.
-fn signal_args(
-    args: Vec<String>,
-    key: Option<String>,
+pub(crate) fn signal_args(
+    args: &[String],
+    key: Option<&str>,
 ) -> Result<(Target, String, String), CliError> {
     let usage = |what: &str| {
         CliError::new(Kind::Usage, what.to_string())
             .hint("write `signal ID NAME JSON`, or `signal --key KEY NAME JSON`")
     };
-    match (<[String; 3]>::try_from(args), key) {
-        (Ok([id, name, payload]), None) => {
+    match (args, key) {
+        ([id, name, payload], None) => {
             let id = id
                 .parse()
                 .map_err(|_| usage(&format!("{id:?} is not an instance id")))?;
-            Ok((Target::Id(id), name, payload))
+            Ok((Target::Id(id), name.clone(), payload.clone()))
         }
-        (Ok(_), Some(_)) => Err(usage("with --key, pass only NAME and JSON")),
-        (Err(args), Some(key)) => {
-            let [name, payload] = <[String; 2]>::try_from(args)
-                .map_err(|_| usage("pass NAME and JSON after --key KEY"))?;
-            Ok((Target::Key(key), name, payload))
+        ([_, _, _], Some(_)) => Err(usage("with --key, pass only NAME and JSON")),
+        ([name, payload], Some(key)) => {
+            Ok((Target::Key(key.into()), name.clone(), payload.clone()))
         }
-        (Err(_), None) => Err(usage("pass ID NAME JSON, or --key KEY NAME JSON")),
+        (_, Some(_)) => Err(usage("pass NAME and JSON after --key KEY")),
+        (_, None) => Err(usage("pass ID NAME JSON, or --key KEY NAME JSON")),
     }
 }
 
 pub(crate) async fn signal(
     pool: &PgPool,
-    args: Vec<String>,
-    key: Option<String>,
+    target: Target,
+    name: &str,
+    payload: &str,
     dedup_key: Option<&str>,
 ) -> Result<Output, CliError> {
-    let (target, name, payload) = signal_args(args, key)?;
-    let (name, payload) = (name.as_str(), payload.as_str());
     let payload: Value = serde_json::from_str(payload).map_err(|e| {
         CliError::new(Kind::Usage, format!("the payload is not JSON: {e}")).hint(
             "pass one JSON value, quoted for your shell: '{\"amount\": 100}', '\"text\"', 42 or null",

@@ -88,6 +88,11 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<Output, CliError> {
+    // Arguments clap cannot check alone are checked before connecting, as clap's are.
+    let signal = match &cli.command {
+        Command::Signal { args, key, .. } => Some(actions::signal_args(args, key.as_deref())?),
+        _ => None,
+    };
     let pool = connect::connect(cli.database_url.as_deref()).await?;
     if !matches!(cli.command, Command::Migrate) {
         connect::require_schema(&pool).await?;
@@ -103,11 +108,10 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
             };
             inspect::run(&pool, target).await
         }
-        Command::Signal {
-            args,
-            key,
-            dedup_key,
-        } => actions::signal(&pool, args, key, dedup_key.as_deref()).await,
+        Command::Signal { dedup_key, .. } => {
+            let (target, name, payload) = signal.expect("checked above");
+            actions::signal(&pool, target, &name, &payload, dedup_key.as_deref()).await
+        }
         Command::Cancel { id } => actions::cancel(&pool, id).await,
         Command::Retry { id } => actions::retry(&pool, id).await,
         Command::Gc { older_than } => actions::gc(&pool, older_than).await,
