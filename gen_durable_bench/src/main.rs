@@ -35,7 +35,7 @@ pub(crate) struct Args {
     #[arg(long)]
     smoke: bool,
     /// Scenarios to run (repeatable; default: all but drain_sweep). One of: insert,
-    /// insert_all, drain, five_step, signal_latency, fan_out, pick_1m, drain_sweep.
+    /// insert_all, drain, five_step, signal_latency, wait_latency, fan_out, pick_1m, drain_sweep.
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// Runs of each scenario; with more than one, a `median` line follows the runs.
@@ -164,6 +164,7 @@ const ALL: &[&str] = &[
     "drain",
     "five_step",
     "signal_latency",
+    "wait_latency",
     "fan_out",
     "pick_1m",
 ];

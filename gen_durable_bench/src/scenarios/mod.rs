@@ -13,6 +13,7 @@ mod insert_all;
 mod pick_1m;
 mod signal_latency;
 mod tracker;
+mod wait_latency;
 
 use std::collections::BTreeMap;
 
@@ -35,6 +36,7 @@ pub(crate) async fn run(b: &Bench, name: &str) -> R<Vec<Report>> {
         "drain" => vec![drain::drain(b, &EngineCfg::from_args(b), false).await?],
         "five_step" => vec![drain::drain(b, &EngineCfg::from_args(b), true).await?],
         "signal_latency" => vec![signal_latency::signal_latency(b).await?],
+        "wait_latency" => vec![wait_latency::wait_latency(b).await?],
         "fan_out" => vec![fan_out::fan_out(b).await?],
         "pick_1m" => vec![pick_1m::pick_1m(b).await?],
         "drain_sweep" => drain_sweep::drain_sweep(b).await?,
