@@ -55,6 +55,23 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// Reads the instance correlation key `key` names: its holder or, once none holds
+    /// it, the newest instance inserted with it (so a finished instance can still be
+    /// asserted on by key).
+    pub async fn load_by_key(pool: &PgPool, key: &str) -> sqlx::Result<Option<Instance>> {
+        let id: Option<i64> = sqlx::query_scalar(
+            "SELECT coalesce((SELECT id FROM gd_instances WHERE unique_guard = $1),
+                             (SELECT max(id) FROM gd_instances WHERE unique_key = $1))",
+        )
+        .bind(key)
+        .fetch_one(pool)
+        .await?;
+        match id {
+            Some(id) => Instance::load(pool, id).await,
+            None => Ok(None),
+        }
+    }
+
     /// Reads instance `id` from a gen_durable database (e.g. a [`crate::TestDb`]'s pool).
     pub async fn load(pool: &PgPool, id: i64) -> sqlx::Result<Option<Instance>> {
         let Some(row) = sqlx::query(

@@ -54,6 +54,7 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod builders;
+mod drain;
 mod instance;
 mod kit;
 pub mod pg;
@@ -62,6 +63,7 @@ mod store;
 mod tally;
 
 pub use builders::{KitInsert, KitInsertJson, KitSignal, KitWait, SignalSender};
+pub use drain::{drain, fire_timeouts, Drain, DrainError, DEFAULT_DRAIN_STEPS};
 pub use instance::Instance;
 pub use kit::{epoch, TestKit, DEFAULT_MAX_STEPS};
 pub use pg::TestDb;
