@@ -198,3 +198,40 @@ pub async fn unique_key_is_the_correlation_key<B: Backend>(b: &mut B) {
     let d = b.signal(Key("alias"), "go", json!({})).await.unwrap();
     assert_eq!(d.id, id);
 }
+
+pub async fn a_cancel_frees_the_key_and_a_retry_takes_it_back<B: Backend>(b: &mut B) {
+    let id = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("held"))
+        .await
+        .unwrap();
+    b.run().await;
+    b.cancel(id).await.unwrap();
+    let e = b.signal(Key("held"), "go", json!({})).await.unwrap_err();
+    assert!(matches!(&e, Error::KeyNotFound { .. }), "{e}");
+    // Retried, it holds its key again and is its address.
+    b.retry(id).await.unwrap();
+    let d = b
+        .signal(Key("held"), "go", json!({ "v": 1 }))
+        .await
+        .unwrap();
+    assert_eq!(d.id, id);
+}
+
+pub async fn a_retry_whose_key_was_taken_meanwhile_is_a_duplicate<B: Backend>(b: &mut B) {
+    let first = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("taken"))
+        .await
+        .unwrap();
+    b.run().await;
+    b.cancel(first).await.unwrap();
+    let second = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("taken"))
+        .await
+        .unwrap();
+    let e = b.retry(first).await.unwrap_err();
+    assert!(matches!(&e, Error::Duplicate { .. }), "{e}");
+    b.get(first).await.assert_status(Status::Failed);
+    b.run().await;
+    let d = b.signal(Key("taken"), "go", json!({})).await.unwrap();
+    assert_eq!(d.id, second);
+}

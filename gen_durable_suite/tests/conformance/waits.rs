@@ -97,3 +97,31 @@ pub async fn wait_on_nothing_is_gone_or_key_not_found<B: Backend>(b: &mut B) {
     let e = b.wait(Key(""), false).await.unwrap_err();
     assert!(matches!(&e, Error::InvalidInput { .. }), "{e}");
 }
+
+pub async fn a_wait_by_key_follows_the_current_holder<B: Backend>(b: &mut B) {
+    let old = b
+        .insert::<Clocked>(S::default(), Opts::default().correlation_key("w:cur"))
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(old).await.assert_status(Status::Done);
+    let new = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("w:cur"))
+        .await
+        .unwrap();
+    b.run().await;
+    // The live holder, not the newest finished row.
+    assert_eq!(
+        b.wait(Key("w:cur"), false).await.unwrap(),
+        Settled::Parked {
+            step: "use".into(),
+            awaiting: Awaiting::Signals(vec!["go".into()]),
+        }
+    );
+    b.signal(new, "go", json!({ "v": 3 })).await.unwrap();
+    b.run().await;
+    assert_eq!(
+        b.wait(Key("w:cur"), true).await.unwrap(),
+        Settled::Done(json!({ "v": 3, "attempt": 0, "awaited": 1 }))
+    );
+}
