@@ -48,10 +48,20 @@ async fn status_counts_lag_unrunnable_rows_expired_leases_and_nodes() {
         .execute(p)
         .await
         .unwrap();
-    Row::new("Checkout", "checkout", "awaiting_signal")
+    let parked = Row::new("Checkout", "checkout", "awaiting_signal")
         .version(2)
         .insert(p)
         .await;
+    // The parked row holds a correlation key.
+    sqlx::query(
+        "UPDATE gd_instances SET unique_key = 'order:1',
+                unique_scope = '{runnable,executing,awaiting_signal,awaiting_children}'
+          WHERE id = $1",
+    )
+    .bind(parked)
+    .execute(p)
+    .await
+    .unwrap();
     Row::new("Checkout", "checkout", "done")
         .version(2)
         .insert(p)
@@ -100,6 +110,7 @@ async fn status_counts_lag_unrunnable_rows_expired_leases_and_nodes() {
     assert_eq!(checkout["ready"], 3);
     let lag = checkout["lag_seconds"].as_f64().unwrap();
     assert!((90.0..120.0).contains(&lag), "lag {lag}");
+    assert_eq!(checkout["keyed"], 1);
     assert_eq!(queues[1]["queue"], "mail");
     assert_eq!(queues[1]["lag_seconds"], json!(null));
 
@@ -139,7 +150,8 @@ async fn status_counts_lag_unrunnable_rows_expired_leases_and_nodes() {
             "done",
             "failed",
             "ready",
-            "lag"
+            "lag",
+            "keyed"
         ]
     );
     let line = out
@@ -156,6 +168,7 @@ async fn status_counts_lag_unrunnable_rows_expired_leases_and_nodes() {
     assert_eq!(cells[8], "1m", "lag of {line:?}");
     let secs: u32 = cells[9].trim_end_matches('s').parse().unwrap();
     assert!((30..60).contains(&secs), "lag of {line:?}");
+    assert_eq!(cells[10], "1", "keyed of {line:?}");
     assert!(
         out.contains("1 live node; live = announced in the last 60 s"),
         "{out}"

@@ -16,6 +16,7 @@ struct QueueLine {
     counts: BTreeMap<Status, i64>,
     ready: i64,
     lag_secs: Option<f64>,
+    keyed: i64,
 }
 
 pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
@@ -37,6 +38,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         let q = queues.entry(c.queue).or_default();
         q.counts.insert(c.status, c.count);
         q.ready += c.ready;
+        q.keyed += c.keyed;
         if let Some(t) = c.oldest_ready {
             q.lag_secs = Some((now - t).num_milliseconds() as f64 / 1000.0);
         }
@@ -53,6 +55,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
                 .collect::<serde_json::Map<String, Value>>(),
             "ready": q.ready,
             "lag_seconds": q.lag_secs,
+            "keyed": q.keyed,
         })).collect::<Vec<_>>(),
         "unrunnable": unrunnable,
         "expired_leases": expired,
@@ -69,7 +72,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
             ["queue"]
                 .into_iter()
                 .chain(Status::ALL.iter().map(|s| s.as_str()))
-                .chain(["ready", "lag"]),
+                .chain(["ready", "lag", "keyed"]),
         );
         for (name, q) in &queues {
             let mut row = vec![name.clone()];
@@ -80,10 +83,14 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
             );
             row.push(q.ready.to_string());
             row.push(q.lag_secs.map_or("-".into(), table::span));
+            row.push(q.keyed.to_string());
             t.row(row);
         }
         text.push_str(&t.render());
-        text.push_str("(ready: runnable now; lag: how long the oldest ready row has waited)\n");
+        text.push_str(
+            "(ready: runnable now; lag: how long the oldest ready row has waited; \
+             keyed: rows holding their correlation key)\n",
+        );
     }
 
     let _ = writeln!(

@@ -76,7 +76,8 @@ const QUEUE_STATUS: &str = r#"/* gd:admin */
 SELECT queue, status, count(*) AS count,
        count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now())) AS ready,
        min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
-           AS oldest_ready
+           AS oldest_ready,
+       count(*) FILTER (WHERE unique_guard IS NOT NULL) AS keyed
   FROM gd_instances
  GROUP BY queue, status
  ORDER BY queue, status
@@ -90,6 +91,8 @@ pub(crate) struct QueueStatusRow {
     pub(crate) count: i64,
     pub(crate) ready: i64,
     pub(crate) oldest_ready: Option<DateTime<Utc>>,
+    /// Rows holding their correlation key.
+    pub(crate) keyed: i64,
 }
 
 pub(crate) async fn queue_status<'e>(
