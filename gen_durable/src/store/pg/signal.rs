@@ -9,16 +9,22 @@ use crate::error::Result;
 use crate::target::Target;
 use crate::Status;
 
-/// One statement. `target` locks the instance row first, so delivery
-/// serializes with any outcome commit on the same row (those lock it in their first
-/// statement): either the commit sees this signal when it decides to park, or this
-/// statement sees the parked row — never neither, so no wake-up is lost. Under READ
-/// COMMITTED a locking read returns the newest row version, which is why `wake`
-/// decides from `target`'s columns rather than from its own (older) snapshot.
-/// A redelivery with the same `dedup_key` inserts nothing and wakes nothing.
-pub(super) const DELIVER: &str = r#"/* gd:signal */
+/// A delivery in one statement, its `target` row chosen by `$where` (`$1` is the id or
+/// the key). `target` locks the instance row first, so delivery serializes with any
+/// outcome commit on the same row (those lock it in their first statement): either the
+/// commit sees this signal when it decides to park, or this statement sees the parked
+/// row — never neither, so no wake-up is lost. Under READ COMMITTED a locking read
+/// returns the newest row version, which is why `wake` decides from `target`'s columns
+/// rather than from its own (older) snapshot. A redelivery with the same `dedup_key`
+/// inserts nothing and wakes nothing.
+macro_rules! deliver {
+    ($where:literal) => {
+        concat!(
+            "/* gd:signal */
 WITH target AS (
-    SELECT id, status, awaits, queue FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE
+    SELECT id, status, awaits, queue FROM gd_instances WHERE ",
+            $where,
+            " FOR NO KEY UPDATE
 ), ins AS (
     INSERT INTO gd_signals (target_id, name, payload, dedup_key, inserted_at)
     SELECT id, $2, $3, $4, coalesce($5, now()) FROM target
@@ -38,37 +44,20 @@ SELECT (SELECT id FROM target) AS id,
        (SELECT status FROM target) AS status,
        (SELECT id FROM ins) AS signal_id,
        (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
-"#;
+"
+        )
+    };
+}
 
-/// DELIVER addressed by correlation key (`$1`): the same statement, whose `target` is
-/// the one row holding the key — live, or terminal if its scope includes that status —
-/// found through the unique index on `unique_guard` and locked. The lock re-checks the
-/// guard on the newest row version, so a holder that finished (and freed the key) since
-/// the statement's snapshot is not taken: the caller gets `KeyNotFound`, never a signal
-/// stored on a row that will not read it.
-pub(super) const DELIVER_BY_KEY: &str = r#"/* gd:signal */
-WITH target AS (
-    SELECT id, status, awaits, queue FROM gd_instances WHERE unique_guard = $1 FOR NO KEY UPDATE
-), ins AS (
-    INSERT INTO gd_signals (target_id, name, payload, dedup_key, inserted_at)
-    SELECT id, $2, $3, $4, coalesce($5, now()) FROM target
-    WHERE status NOT IN ('done', 'failed')
-    ON CONFLICT (target_id, dedup_key) DO NOTHING
-    RETURNING id
-), wake AS (
-    UPDATE gd_instances i
-       SET status = 'runnable', eligible_at = coalesce($5, now()), await_deadline = NULL,
-           updated_at = coalesce($5, now())
-      FROM target t
-     WHERE i.id = t.id AND t.status = 'awaiting_signal' AND $2 = ANY (t.awaits)
-       AND EXISTS (SELECT 1 FROM ins)
-    RETURNING i.queue
-)
-SELECT (SELECT id FROM target) AS id,
-       (SELECT status FROM target) AS status,
-       (SELECT id FROM ins) AS signal_id,
-       (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
-"#;
+/// A delivery to instance `$1`.
+pub(super) const DELIVER: &str = deliver!("id = $1");
+
+/// A delivery to the one row holding correlation key `$1` — live, or terminal if its
+/// scope includes that status — found through the unique index on `unique_guard`. The
+/// lock re-checks the guard on the newest row version, so a holder that finished (and
+/// freed the key) since the statement's snapshot is not taken: the caller gets
+/// `KeyNotFound`, never a signal stored on a row that will not read it.
+pub(super) const DELIVER_BY_KEY: &str = deliver!("unique_guard = $1");
 
 /// Delivers one signal to `target` in one statement; what it found is turned into the
 /// caller's answer in `answers`.
