@@ -2,6 +2,8 @@
 //! by the client's probe for a commit made elsewhere, and answering `Busy` at its deadline.
 
 mod common;
+#[path = "common/process.rs"]
+mod process;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -134,5 +136,38 @@ async fn a_wait_past_its_deadline_is_busy_and_a_missing_row_gone() {
         [(Some(id), "busy"), (Some(id + 1), "gone"), (None, "error")],
         "one wait.stop per wait"
     );
+    db.close().await;
+}
+
+/// The engine runs in another process (`gd_worker`): this client waits by key, without an
+/// engine of its own, and its probe sees the other process's commit.
+#[tokio::test]
+async fn a_wait_sees_the_commit_of_an_engine_in_another_process() {
+    let db = TestDb::new().await;
+    gen_durable_suite::fsms::create_audit_table(db.pool())
+        .await
+        .unwrap();
+    let gd = Client::new(db.pool().clone());
+    let id = gd
+        .insert::<gen_durable_suite::fsms::Waiter>(())
+        .correlation_key("remote:1")
+        .await
+        .unwrap();
+    let worker = process::Worker::start(&process::url_of(&db), "remote", &[], None).await;
+    let parked = gd
+        .wait(Key("remote:1"))
+        .timeout(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(parked, Settled::Parked { .. }), "{parked:?}");
+    gd.signal(Key("remote:1"), "go", json!({})).await.unwrap();
+    let done = gd
+        .wait(id)
+        .until_terminal()
+        .timeout(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(done, Settled::Done(json!({ "awaited": 1 })));
+    drop(worker);
     db.close().await;
 }

@@ -1,4 +1,4 @@
-//! `gen_durable inspect ID`: one instance's row, inbox and children.
+//! `gen_durable inspect ID` (or `--key K`): one instance's row, inbox and children.
 
 use std::fmt::Write as _;
 
