@@ -105,7 +105,7 @@ pub use client::{
 };
 pub use clock::Clock;
 pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};
-pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain};
+pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain, WakeListener};
 pub use error::{Error, Result};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,

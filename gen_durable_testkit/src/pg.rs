@@ -30,6 +30,10 @@ static SWEPT: OnceCell<()> = OnceCell::const_new();
 #[derive(Debug)]
 pub struct TestDb {
     name: String,
+    /// The server the tests' pools reach (`DATABASE_URL`: maybe a pooler).
+    server: PgConnectOptions,
+    /// The database server itself (`DATABASE_DIRECT_URL`, else `server`): where databases
+    /// are created and dropped, migrations run and LISTEN connects.
     admin: PgConnectOptions,
     pool: PgPool,
 }
@@ -42,6 +46,20 @@ pub fn server_options() -> PgConnectOptions {
         .disable_statement_logging()
 }
 
+/// The connect options of the database server itself: `DATABASE_DIRECT_URL` when
+/// `DATABASE_URL` names a pooler in transaction mode (PgBouncer), else `DATABASE_URL`'s.
+/// Session-level work goes there: creating databases, migrations (their advisory lock),
+/// and an engine's LISTEN.
+pub fn direct_options() -> PgConnectOptions {
+    match std::env::var("DATABASE_DIRECT_URL") {
+        Ok(url) => url
+            .parse::<PgConnectOptions>()
+            .unwrap_or_else(|e| panic!("DATABASE_DIRECT_URL {url:?} is not a Postgres URL: {e}"))
+            .disable_statement_logging(),
+        Err(_) => server_options(),
+    }
+}
+
 impl TestDb {
     /// Creates and migrates a new database; panics with instructions if the server is
     /// not reachable.
@@ -51,7 +69,7 @@ impl TestDb {
 
     /// Like [`TestDb::new`] with a pool of at most `max_connections`.
     pub async fn with_pool_size(max_connections: u32) -> TestDb {
-        let admin = server_options();
+        let (server, admin) = (server_options(), direct_options());
         let mut conn = admin.connect().await.unwrap_or_else(|e| {
             panic!(
                 "cannot reach PostgreSQL at {:?}:{} ({e}). Start it (e.g. `pg_ctlcluster 15 main start`) \
@@ -78,13 +96,24 @@ impl TestDb {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(admin.clone().database(&name))
+            .connect_with(server.clone().database(&name))
             .await
             .expect("connect to test database");
-        gen_durable::migrate(&pool)
+        let direct = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(admin.clone().database(&name))
+            .await
+            .expect("connect to test database directly");
+        gen_durable::migrate(&direct)
             .await
             .expect("migrate test database");
-        TestDb { name, admin, pool }
+        direct.close().await;
+        TestDb {
+            name,
+            server,
+            admin,
+            pool,
+        }
     }
 
     /// The pool on this database.
@@ -97,9 +126,20 @@ impl TestDb {
         &self.name
     }
 
-    /// Connect options for this database (to build another, separate pool).
+    /// Connect options for this database (to build another, separate pool), through
+    /// `DATABASE_URL`.
     pub fn options(&self) -> PgConnectOptions {
-        self.admin.clone().database(&self.name)
+        self.server.clone().database(&self.name)
+    }
+
+    /// Where an engine on this database should LISTEN: directly on the server when
+    /// `DATABASE_DIRECT_URL` says the pool goes through a pooler, else on the pool's own.
+    pub fn listener(&self) -> gen_durable::WakeListener {
+        if std::env::var_os("DATABASE_DIRECT_URL").is_some() {
+            gen_durable::WakeListener::Direct(self.admin.clone().database(&self.name))
+        } else {
+            gen_durable::WakeListener::Pool
+        }
     }
 
     /// A new pool on this database, separate from [`TestDb::pool`] (e.g. a second node).

@@ -14,7 +14,7 @@ use crate::engine::collector::Collector;
 use crate::engine::committer::Committer;
 use crate::engine::config::EngineConfig;
 use crate::engine::heartbeat::Heartbeat;
-use crate::engine::listener::Listener;
+use crate::engine::listener::{Listener, WakeListener};
 use crate::engine::picker::{Picker, Queue};
 use crate::engine::reaper::Reaper;
 use crate::engine::service;
@@ -159,6 +159,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Where the engine LISTENs for wake-ups (default: a connection of its own from the
+    /// pool's options). Behind PgBouncer in transaction mode, pass
+    /// `WakeListener::Direct(options of the database itself)`, or `WakeListener::Off` to
+    /// poll only (see README "Behind a connection pooler").
+    pub fn with_listener(mut self, listener: WakeListener) -> Self {
+        self.cfg.listener.on = listener;
+        self
+    }
+
     /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
@@ -267,16 +276,18 @@ impl EngineBuilder {
             });
             runners.push(tracker.spawn(picker.run(stop_picking.clone(), deadline_rx.clone())));
         }
-        services.push(
-            Listener {
-                cfg: cfg.listener,
-                pool,
-                telemetry,
-                claims,
-                queues: wakes.clone(),
-            }
-            .start(&tracker),
-        );
+        if !matches!(cfg.listener.on, WakeListener::Off) {
+            services.push(
+                Listener {
+                    cfg: cfg.listener,
+                    pool,
+                    telemetry,
+                    claims,
+                    queues: wakes.clone(),
+                }
+                .start(&tracker),
+            );
+        }
         tracker.close();
         Ok(Engine {
             shared,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::engine::collector::CollectorConfig;
 use crate::engine::committer::CommitterConfig;
 use crate::engine::heartbeat::HeartbeatConfig;
-use crate::engine::listener::ListenerConfig;
+use crate::engine::listener::{ListenerConfig, WakeListener};
 use crate::engine::reaper::ReaperConfig;
 use crate::engine::timeouts::TimeoutsConfig;
 use crate::error::{Error, Result};
@@ -131,6 +131,7 @@ impl Default for EngineConfig {
                 batch: crate::store::pg::admin::GC_BATCH as usize,
             },
             listener: ListenerConfig {
+                on: WakeListener::Pool,
                 backoff: Duration::from_millis(100),
                 max_backoff: Duration::from_secs(5),
             },

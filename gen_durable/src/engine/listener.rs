@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -22,10 +22,30 @@ use crate::telemetry::{Event, Telemetry};
 /// The listener's settings.
 #[derive(Debug, Clone)]
 pub(crate) struct ListenerConfig {
+    /// Where it listens.
+    pub(crate) on: WakeListener,
     /// The first wait before connecting again after a failure; it doubles up to
     /// `max_backoff`.
     pub(crate) backoff: Duration,
     pub(crate) max_backoff: Duration,
+}
+
+/// Where an engine LISTENs for its wake-ups (`EngineBuilder::with_listener`). A wake-up
+/// only shortens a picker's wait — polling stays the source of truth — so each choice
+/// trades latency, never correctness.
+#[derive(Debug, Clone, Default)]
+pub enum WakeListener {
+    /// On a connection of its own, made with the pool's options (the default).
+    #[default]
+    Pool,
+    /// On a connection made with these options: the database itself, when the pool
+    /// goes through a pooler in transaction mode (PgBouncer), where a LISTEN does not
+    /// outlive its transaction.
+    Direct(PgConnectOptions),
+    /// No LISTEN at all: pickers find new rows by polling
+    /// (`QueueConfig::with_poll_interval`, backing off to `with_max_poll_interval` when
+    /// idle) and a cancelled running step learns of it at the next heartbeat.
+    Off,
 }
 
 /// The listener service. Unlike the periodic services it holds a connection, so it has
@@ -57,7 +77,15 @@ pub(crate) enum Heard {
 impl Listener {
     /// A LISTEN connection on both channels.
     pub(crate) async fn connect(&self) -> Result<PgListener> {
-        let mut l = PgListener::connect_with(&self.pool).await?;
+        let mut l = match &self.cfg.on {
+            WakeListener::Direct(options) => {
+                let direct = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect_lazy_with(options.clone());
+                PgListener::connect_with(&direct).await?
+            }
+            WakeListener::Pool | WakeListener::Off => PgListener::connect_with(&self.pool).await?,
+        };
         l.listen_all([WAKE_CHANNEL, CANCEL_CHANNEL]).await?;
         Ok(l)
     }

@@ -73,6 +73,7 @@ use tokio_util::task::TaskTracker;
 
 pub use builder::EngineBuilder;
 pub use config::QueueConfig;
+pub use listener::WakeListener;
 pub use picker::QueueDrain;
 pub(crate) use shared::BEGIN_READ_COMMITTED;
 
