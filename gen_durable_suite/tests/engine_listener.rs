@@ -70,7 +70,7 @@ async fn a_direct_listener_listens_on_its_own_options() {
     let db = TestDb::new().await;
     // The listener's options carry an application name of their own, to find it.
     let options = db.options().application_name("gd-direct-listener");
-    let engine = run_one(&db, WakeListener::Direct(options)).await;
+    let engine = run_one(&db, WakeListener::direct(options)).await;
     let direct: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity
           WHERE datname = current_database() AND application_name = 'gd-direct-listener'

@@ -136,7 +136,7 @@ impl TestDb {
     /// `DATABASE_DIRECT_URL` says the pool goes through a pooler, else on the pool's own.
     pub fn listener(&self) -> gen_durable::WakeListener {
         if std::env::var_os("DATABASE_DIRECT_URL").is_some() {
-            gen_durable::WakeListener::Direct(self.admin.clone().database(&self.name))
+            gen_durable::WakeListener::direct(self.admin.clone().database(&self.name))
         } else {
             gen_durable::WakeListener::Pool
         }

@@ -161,7 +161,7 @@ impl EngineBuilder {
 
     /// Where the engine LISTENs for wake-ups (default: a connection of its own from the
     /// pool's options). Behind PgBouncer in transaction mode, pass
-    /// `WakeListener::Direct(options of the database itself)`, or `WakeListener::Off` to
+    /// `WakeListener::direct(options of the database itself)`, or `WakeListener::Off` to
     /// poll only (see README "Behind a connection pooler").
     pub fn with_listener(mut self, listener: WakeListener) -> Self {
         self.cfg.listener.on = listener;

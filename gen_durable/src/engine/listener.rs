@@ -40,8 +40,8 @@ pub enum WakeListener {
     Pool,
     /// On a connection made with these options: the database itself, when the pool
     /// goes through a pooler in transaction mode (PgBouncer), where a LISTEN does not
-    /// outlive its transaction.
-    Direct(PgConnectOptions),
+    /// outlive its transaction. [`WakeListener::direct`] builds it.
+    Direct(Box<PgConnectOptions>),
     /// No LISTEN at all: pickers find new rows by polling
     /// (`QueueConfig::with_poll_interval`, backing off to `with_max_poll_interval` when
     /// idle) and a cancelled running step learns of it at the next heartbeat.
@@ -74,6 +74,13 @@ pub(crate) enum Heard {
     Ignored,
 }
 
+impl WakeListener {
+    /// Listen on a connection made with `options` (the database itself).
+    pub fn direct(options: PgConnectOptions) -> Self {
+        WakeListener::Direct(Box::new(options))
+    }
+}
+
 impl Listener {
     /// A LISTEN connection on both channels.
     pub(crate) async fn connect(&self) -> Result<PgListener> {
@@ -81,7 +88,7 @@ impl Listener {
             WakeListener::Direct(options) => {
                 let direct = PgPoolOptions::new()
                     .max_connections(1)
-                    .connect_lazy_with(options.clone());
+                    .connect_lazy_with((**options).clone());
                 PgListener::connect_with(&direct).await?
             }
             WakeListener::Pool | WakeListener::Off => PgListener::connect_with(&self.pool).await?,
