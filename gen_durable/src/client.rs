@@ -17,6 +17,7 @@ use crate::fsm::Fsm;
 use crate::group_insert::{GroupInsert, Target as GroupTarget};
 use crate::notify::Notifier;
 use crate::options::InsertOptions;
+use crate::pooler::Pooler;
 use crate::registry::{FsmEntry, Registry};
 use crate::runtime::NewInstance;
 use crate::store::pg;
@@ -36,8 +37,8 @@ macro_rules! into_future_on_pool {
             type Output = Result<$out>;
             type IntoFuture = BoxFut<'c, $out>;
             fn into_future(self) -> Self::IntoFuture {
-                let pool = self.client.pool.clone();
-                Box::pin(async move { self.execute(&pool).await })
+                let (pool, pooler) = (self.client.pool.clone(), self.client.pooler);
+                Box::pin(async move { self.execute(pooler.pool(&pool)).await })
             }
         }
     };
@@ -57,6 +58,7 @@ macro_rules! into_future_on_pool {
 #[derive(Debug, Clone)]
 pub struct Client {
     pool: PgPool,
+    pooler: Pooler,
     clock: Clock,
     registry: Arc<Registry>,
     max_signal_payload: usize,
@@ -79,9 +81,15 @@ impl Client {
         let tasks = TaskTracker::new();
         tasks.close();
         Client {
-            waiters: Waiters::new(pool.clone(), DEFAULT_WAIT_TICK, tasks.clone()),
-            notifier: Notifier::new(pool.clone(), crate::notify::DEFAULT_WINDOW, tasks.clone()),
+            waiters: Waiters::new(pool.clone(), Pooler::None, DEFAULT_WAIT_TICK, tasks.clone()),
+            notifier: Notifier::new(
+                pool.clone(),
+                Pooler::None,
+                crate::notify::DEFAULT_WINDOW,
+                tasks.clone(),
+            ),
             pool,
+            pooler: Pooler::None,
             clock: Clock::database(),
             registry: Arc::new(Registry::linked()),
             max_signal_payload: DEFAULT_MAX_SIGNAL_PAYLOAD,
@@ -103,8 +111,26 @@ impl Client {
     /// one per statement). A NOTIFY serializes commits, so bursts of inserts coalesce
     /// theirs; a skipped wake-up is sent at the end of the window.
     pub fn with_notify_window(mut self, window: Duration) -> Self {
-        self.notifier = Notifier::new(self.pool.clone(), window, self.tasks.clone());
+        self.notifier = Notifier::new(self.pool.clone(), self.pooler, window, self.tasks.clone());
         // Inserts are grouped only with calls that notify the same way.
+        self.group = Arc::default();
+        self
+    }
+
+    /// Tells the client what sits between it and Postgres (default [`Pooler::None`]);
+    /// behind PgBouncer in transaction mode without prepared-statement support, pass
+    /// [`Pooler::Transaction`]. Then give the `execute(db)` forms a transaction
+    /// (`&mut *tx`), not the pool: `.await` handles the pool itself.
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        let window = self.notifier.window();
+        self.notifier = Notifier::new(self.pool.clone(), pooler, window, self.tasks.clone());
+        self.waiters = Waiters::new(
+            self.pool.clone(),
+            pooler,
+            self.waiters.tick(),
+            self.tasks.clone(),
+        );
         self.group = Arc::default();
         self
     }
@@ -134,13 +160,18 @@ impl Client {
     /// reads its own row every 40 ticks. An engine in the same process wakes waiters at
     /// once when it commits.
     pub fn with_wait_tick(mut self, tick: Duration) -> Self {
-        self.waiters = Waiters::new(self.pool.clone(), tick, self.tasks.clone());
+        self.waiters = Waiters::new(self.pool.clone(), self.pooler, tick, self.tasks.clone());
         self
     }
 
     /// The pool this client uses.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// What this client assumes between it and Postgres.
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
     }
 
     /// The clock this client uses.
@@ -261,7 +292,8 @@ impl Client {
     /// `ctx.cancelled()` resolves meanwhile. Live children are cancelled with it.
     pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
         let mut tx = self.pool.begin().await?;
-        let found = pg::control::cancel(&mut tx, id, self.clock.now_param()).await?;
+        let conn = self.pooler.on(&mut *tx);
+        let found = pg::control::cancel(conn, id, self.clock.now_param()).await?;
         tx.commit().await?;
         crate::wait::wake(id);
         found.answer(id)
@@ -274,10 +306,12 @@ impl Client {
     /// [`Error::ParentMovedOn`]. A parent that still has live children (cancelled while a
     /// child ran) waits for them again instead of running at once.
     pub async fn retry(&self, id: i64) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        pg::control::retry(&mut conn, id, self.clock.now_param())
-            .await?
-            .answer(id)
+        // One statement; in a transaction so that it is one behind a pooler too.
+        let mut tx = self.pool.begin().await?;
+        let found =
+            pg::control::retry(self.pooler.on(&mut *tx), id, self.clock.now_param()).await?;
+        tx.commit().await?;
+        found.answer(id)
     }
 
     /// The queues of `rows` this statement wakes itself (see [`Client::with_notify_window`]).
@@ -292,10 +326,11 @@ impl Client {
     /// unique key (see [`crate::group_insert`]).
     async fn insert_awaited(&self, row: NewInstance) -> Result<i64> {
         if row.unique_key.is_some() {
-            return self.insert_one(&self.pool, row).await;
+            return self.insert_one(self.pooler.pool(&self.pool), row).await;
         }
         let target = GroupTarget {
             pool: self.pool.clone(),
+            pooler: self.pooler,
             clock: self.clock.clone(),
             notifier: self.notifier.clone(),
             tasks: self.tasks.clone(),
@@ -305,6 +340,7 @@ impl Client {
 
     async fn insert_one<'e>(&self, db: impl PgExecutor<'e>, row: NewInstance) -> Result<i64> {
         let notify = !self.notifier.claim([row.queue.as_str()]).is_empty();
+        let db = self.pooler.on(db);
         let id = pg::insert::insert_one(db, &row, notify, self.clock.now_param()).await?;
         inserted(id, row.unique_key.as_deref())
     }
@@ -400,6 +436,7 @@ impl<F: Fsm> InsertAll<'_, F> {
             return Ok(Vec::new());
         }
         let notify = self.client.notify_for(&rows);
+        let db = self.client.pooler.on(db);
         pg::insert::insert_rows(db, &rows, &notify, self.client.clock.now_param()).await
     }
 }
@@ -476,7 +513,7 @@ impl SignalSend<'_> {
             self.client.max_signal_payload,
         )?;
         pg::signal::deliver(
-            db,
+            self.client.pooler.on(db),
             &self.target,
             &self.name,
             &self.payload,

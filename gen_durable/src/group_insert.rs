@@ -29,6 +29,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
 use crate::pool::can_spare;
+use crate::pooler::Pooler;
 use crate::runtime::NewInstance;
 use crate::store::pg::insert::{insert_one, insert_rows};
 
@@ -42,6 +43,7 @@ const RUNNERS: usize = 2;
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     pub(crate) pool: PgPool,
+    pub(crate) pooler: Pooler,
     pub(crate) clock: Clock,
     pub(crate) notifier: Arc<Notifier>,
     /// The client's tracker, which `Client::flush` waits on.
@@ -174,7 +176,7 @@ async fn insert_group(
     queues.sort_unstable();
     queues.dedup();
     let notify = t.notifier.claim(queues);
-    match insert_rows(&mut *conn, rows, &notify, now).await {
+    match insert_rows(t.pooler.alone(&mut *conn), rows, &notify, now).await {
         // Keyless rows are all inserted, in order: the ids, ascending, are theirs.
         Ok(ids) if ids.len() == rows.len() => ids.into_iter().map(Ok).collect(),
         Ok(ids) => {
@@ -199,7 +201,7 @@ async fn insert_group(
 /// One row in a one-row statement.
 async fn alone(t: &Target, conn: &mut PgConnection, row: &NewInstance) -> Result<i64> {
     let notify = !t.notifier.claim([row.queue.as_str()]).is_empty();
-    let id = insert_one(&mut *conn, row, notify, t.clock.now_param()).await?;
+    let id = insert_one(t.pooler.alone(&mut *conn), row, notify, t.clock.now_param()).await?;
     inserted(id, None)
 }
 

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use crate::pooler::Pooler;
 use crate::store::pg::signal::notify_queue;
 
 /// The default window: at most one notification per queue per 20 ms from one client
@@ -32,6 +33,7 @@ struct Slot {
 #[derive(Debug)]
 pub(crate) struct Notifier {
     pool: PgPool,
+    pooler: Pooler,
     window: Duration,
     slots: Mutex<HashMap<String, Slot>>,
     /// Where the trailing sends run: the owner's tracker (the engine's drain, or
@@ -40,13 +42,24 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    pub(crate) fn new(pool: PgPool, window: Duration, tasks: TaskTracker) -> Arc<Self> {
+    pub(crate) fn new(
+        pool: PgPool,
+        pooler: Pooler,
+        window: Duration,
+        tasks: TaskTracker,
+    ) -> Arc<Self> {
         Arc::new(Notifier {
             pool,
+            pooler,
             window,
             slots: Mutex::new(HashMap::new()),
             tasks,
         })
+    }
+
+    /// Its window.
+    pub(crate) fn window(&self) -> Duration {
+        self.window
     }
 
     /// Of `queues`, those a statement committing now should notify itself. For each
@@ -89,7 +102,7 @@ impl Notifier {
                 slot.trailing = false;
                 slot.last = Some(Instant::now());
             }
-            if let Err(e) = notify_queue(&me.pool, &queue).await {
+            if let Err(e) = notify_queue(me.pooler.pool(&me.pool), &queue).await {
                 tracing::debug!(target: "gen_durable::notify", queue, error = %e, "trailing wake-up failed; polling covers it");
             }
         });
@@ -112,7 +125,12 @@ mod tests {
         listener.listen("gd_wake").await.unwrap();
         let tasks = TaskTracker::new();
         tasks.close();
-        let notifier = Notifier::new(tdb.pool().clone(), Duration::from_secs(1), tasks.clone());
+        let notifier = Notifier::new(
+            tdb.pool().clone(),
+            Pooler::None,
+            Duration::from_secs(1),
+            tasks.clone(),
+        );
 
         assert_eq!(
             notifier.claim(["q"]),

@@ -3,21 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Where an instance is in its life. Stored as the Postgres enum `gd_status`.
+/// Where an instance is in its life. Stored as the Postgres enum `gd_status`; on the wire
+/// it is text (`status::text` out, `$n::gd_status` in), so that no statement of the
+/// engine needs sqlx to look the enum's type up (see [`Pooler`](crate::Pooler)).
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    sqlx::Type,
-    serde::Serialize,
-    serde::Deserialize,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
-#[sqlx(type_name = "gd_status", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Runs its step once `eligible_at <= now()`.
@@ -84,5 +75,21 @@ impl FromStr for Status {
             .into_iter()
             .find(|st| st.as_str() == s)
             .ok_or_else(|| format!("unknown status {s:?}"))
+    }
+}
+
+impl sqlx::Type<sqlx::Postgres> for Status {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Status {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        Ok(<&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?.parse()?)
     }
 }

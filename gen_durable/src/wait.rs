@@ -24,7 +24,7 @@ use crate::error::Result;
 use crate::store::pg;
 use crate::target::Target;
 use crate::telemetry::Event;
-use crate::Status;
+use crate::{Pooler, Status};
 
 /// How long `wait` waits unless told: 5 s.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
@@ -184,7 +184,7 @@ impl<'c> Wait<'c> {
     /// The answer; `resolved` is the id once the target is resolved.
     async fn answer(&self, resolved: &mut Option<i64>) -> Result<Settled> {
         crate::validate::check_target(&self.target)?;
-        let pool = self.client.pool();
+        let pool = self.client.pooler().pool(self.client.pool());
         let deadline = Instant::now() + self.timeout;
         let id = match &self.target {
             Target::Id(id) => *id,
@@ -236,6 +236,7 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Waiters {
     pool: sqlx::PgPool,
+    pooler: Pooler,
     tick: Duration,
     tasks: tokio_util::task::TaskTracker,
     state: Mutex<Table>,
@@ -255,11 +256,13 @@ static WAITING: AtomicUsize = AtomicUsize::new(0);
 impl Waiters {
     pub(crate) fn new(
         pool: sqlx::PgPool,
+        pooler: Pooler,
         tick: Duration,
         tasks: tokio_util::task::TaskTracker,
     ) -> Arc<Self> {
         let me = Arc::new(Waiters {
             pool,
+            pooler,
             tick,
             tasks,
             state: Mutex::default(),
@@ -268,6 +271,10 @@ impl Waiters {
         tables.retain(|t| t.strong_count() > 0);
         tables.push(Arc::downgrade(&me));
         me
+    }
+
+    pub(crate) fn tick(&self) -> Duration {
+        self.tick
     }
 
     fn recheck(&self) -> Duration {
@@ -319,7 +326,7 @@ impl Waiters {
                 }
                 t.entries.keys().copied().collect()
             };
-            let Ok(rows) = pg::wait::probe(&self.pool, &ids).await else {
+            let Ok(rows) = pg::wait::probe(self.pooler.pool(&self.pool), &ids).await else {
                 // A failed probe skips a tick; waiters still re-read every second.
                 continue;
             };

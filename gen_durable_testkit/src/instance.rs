@@ -75,7 +75,7 @@ impl Instance {
     /// Reads instance `id` from a gen_durable database (e.g. a [`crate::TestDb`]'s pool).
     pub async fn load(pool: &PgPool, id: i64) -> sqlx::Result<Option<Instance>> {
         let Some(row) = sqlx::query(
-            "SELECT id, fsm, fsm_version, step, status, state, result, last_error, attempt, awaits,
+            "SELECT id, fsm, fsm_version, step, status::text AS status, state, result, last_error, attempt, awaits,
                     await_deadline, eligible_at, queue, priority, partition_key, unique_key,
                     parent_id, children_pending
                FROM gd_instances WHERE id = $1",

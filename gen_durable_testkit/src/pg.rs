@@ -36,6 +36,8 @@ pub struct TestDb {
     /// are created and dropped, migrations run and LISTEN connects.
     admin: PgConnectOptions,
     pool: PgPool,
+    /// Straight to the database, for the test's own statements (see [`TestDb::direct`]).
+    direct: PgPool,
 }
 
 /// The connect options of `DATABASE_URL` (or the default).
@@ -107,12 +109,40 @@ impl TestDb {
         gen_durable::migrate(&direct)
             .await
             .expect("migrate test database");
-        direct.close().await;
+        let direct = if std::env::var_os("DATABASE_DIRECT_URL").is_some() {
+            direct.close().await;
+            PgPoolOptions::new()
+                .max_connections(4)
+                .connect_lazy_with(admin.clone().database(&name))
+        } else {
+            direct.close().await;
+            pool.clone()
+        };
         TestDb {
             name,
             server,
             admin,
             pool,
+            direct,
+        }
+    }
+
+    /// A pool straight to the database server, for a test's own statements — setup and
+    /// the checks on rows — which sqlx prepares by name: when [`TestDb::pool`] goes
+    /// through a transaction-mode pooler (`DATABASE_DIRECT_URL` set), only gen_durable's
+    /// statements are made for it (see [`TestDb::pooler`]). Else the same pool.
+    pub fn direct(&self) -> &PgPool {
+        &self.direct
+    }
+
+    /// What [`TestDb::pool`] goes through, for `Client::with_pooler` and
+    /// `EngineBuilder::with_pooler`: [`gen_durable::Pooler::Transaction`] when
+    /// `DATABASE_POOLER=transaction`, else none.
+    pub fn pooler(&self) -> gen_durable::Pooler {
+        match std::env::var("DATABASE_POOLER").as_deref() {
+            Ok("transaction") => gen_durable::Pooler::Transaction,
+            Ok("") | Ok("none") | Err(_) => gen_durable::Pooler::None,
+            Ok(other) => panic!("DATABASE_POOLER={other:?}: expected \"transaction\" or \"none\""),
         }
     }
 
@@ -154,6 +184,7 @@ impl TestDb {
     /// Closes the pool and drops the database.
     pub async fn close(self) {
         self.pool.close().await;
+        self.direct.close().await;
         if let Ok(mut conn) = self.admin.connect().await {
             let _ = sqlx::query(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",

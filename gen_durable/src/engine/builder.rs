@@ -24,6 +24,7 @@ use crate::engine::{Engine, QueueConfig};
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
 use crate::notify::Notifier;
+use crate::pooler::Pooler;
 use crate::registry::Registry;
 use crate::telemetry::{Event, EventHandler, Telemetry};
 
@@ -168,6 +169,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Tells the engine what sits between it and Postgres (default [`Pooler::None`]).
+    /// Behind PgBouncer in transaction mode without prepared-statement support, pass
+    /// [`Pooler::Transaction`], and a listener that does not go through the pooler
+    /// ([`Self::with_listener`]).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.cfg.pooler = pooler;
+        self
+    }
+
     /// Uses `clock` for `$now` in every statement (tests only; see [`Clock`]).
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
@@ -185,11 +195,11 @@ impl EngineBuilder {
             registry,
             telemetry,
         } = self;
-        let db = Db::new(pool.clone(), clock).await?;
+        let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
         let (names, versions) = registry.name_version_arrays();
         let claims = Arc::new(Claims::default());
         let tracker = TaskTracker::new();
-        let notifier = Notifier::new(pool.clone(), cfg.notify_window, tracker.clone());
+        let notifier = Notifier::new(pool.clone(), cfg.pooler, cfg.notify_window, tracker.clone());
 
         let (committer, committer_service) = Committer {
             cfg: cfg.committer,

@@ -195,8 +195,8 @@ impl Committer {
         let started = std::time::Instant::now();
         let mut deferrals = 0;
         let done = loop {
-            let done =
-                outcome::commit(&mut tx, &self.node_id, &batch, &notify, self.db.now()).await?;
+            let conn = self.db.pooler.on(&mut *tx);
+            let done = outcome::commit(conn, &self.node_id, &batch, &notify, self.db.now()).await?;
             if !done.deferred.contains(&id) {
                 break done;
             }
@@ -250,14 +250,19 @@ impl Committer {
                     None => held.insert(self.db.pool.acquire().await?),
                 };
                 let (node, now) = (&self.node_id, self.db.now());
-                let fenced = if outcome::needs_transaction(batch) || self.db.set_isolation {
+                let pooler = self.db.pooler;
+                let fenced = if outcome::needs_transaction(batch)
+                    || self.db.set_isolation
+                    || pooler.unnamed()
+                {
                     let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
-                    let fenced = outcome::commit(&mut tx, node, batch, notify, now).await?;
+                    let fenced =
+                        outcome::commit(pooler.on(&mut *tx), node, batch, notify, now).await?;
                     tx.commit().await?;
                     fenced
                 } else {
                     // One statement: it commits by itself.
-                    outcome::commit(conn, node, batch, notify, now).await?
+                    outcome::commit(pooler.on(&mut **conn), node, batch, notify, now).await?
                 };
                 fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
                 Ok::<_, Error>(fenced)

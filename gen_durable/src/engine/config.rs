@@ -9,6 +9,7 @@ use crate::engine::listener::{ListenerConfig, WakeListener};
 use crate::engine::reaper::ReaperConfig;
 use crate::engine::timeouts::TimeoutsConfig;
 use crate::error::{Error, Result};
+use crate::pooler::Pooler;
 
 /// Per-queue settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +103,8 @@ pub(crate) struct EngineConfig {
     pub(crate) timeouts: TimeoutsConfig,
     pub(crate) collector: CollectorConfig,
     pub(crate) listener: ListenerConfig,
+    /// What sits between the engine and Postgres.
+    pub(crate) pooler: Pooler,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +138,7 @@ impl Default for EngineConfig {
                 backoff: Duration::from_millis(100),
                 max_backoff: Duration::from_secs(5),
             },
+            pooler: Pooler::None,
         }
     }
 }
@@ -143,6 +147,13 @@ impl EngineConfig {
     pub(crate) fn validate(&self) -> Result<()> {
         if self.node_id.is_empty() {
             return Err(Error::InvalidConfig("node_id must not be empty".into()));
+        }
+        if self.pooler == Pooler::Transaction && matches!(self.listener.on, WakeListener::Pool) {
+            return Err(Error::InvalidConfig(
+                "with_pooler(Pooler::Transaction) needs with_listener(WakeListener::direct(..)) \
+                 or WakeListener::Off: a LISTEN through a transaction-mode pooler is lost"
+                    .into(),
+            ));
         }
         self.committer.validate()?;
         self.heartbeat.validate()?;

@@ -99,7 +99,7 @@ impl Service for Heartbeat {
             }
         }
         admin::announce(
-            &self.db.pool,
+            self.db.exec(),
             &self.node_id,
             &self.queues,
             &self.fsms,

@@ -153,7 +153,7 @@ impl Engine {
         self.services.iter().for_each(ServiceHandle::stop);
         self.committer.stop();
         self.tracker.wait().await;
-        let _ = crate::store::pg::admin::forget(&self.shared.db.pool, &self.shared.node_id).await;
+        let _ = crate::store::pg::admin::forget(self.shared.db.exec(), &self.shared.node_id).await;
         report
     }
 }

@@ -100,7 +100,7 @@ impl Reaper {
     /// with their id — for an operator.
     async fn one_by_one(&self) -> Vec<(i64, bool)> {
         let now = self.db.now();
-        let ids = match lease::expired(&self.db.pool, self.cfg.batch, now).await {
+        let ids = match lease::expired(self.db.exec(), self.cfg.batch, now).await {
             Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(target: "gen_durable::reaper", error = %e, "listing expired leases failed");

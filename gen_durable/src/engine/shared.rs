@@ -14,15 +14,17 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::engine::committer::CommitterHandle;
 use crate::error::Result;
+use crate::pooler::{Alone, On, Pooler};
 use crate::registry::Registry;
 use crate::telemetry::Telemetry;
 
-/// The engine's way to the database: its pool, its clock (`$now` of every statement) and
-/// the isolation its statements need.
+/// The engine's way to the database: its pool, its clock (`$now` of every statement),
+/// the pooler in between and the isolation its statements need.
 #[derive(Debug, Clone)]
 pub(crate) struct Db {
     pub(crate) pool: PgPool,
     pub(crate) clock: Clock,
+    pub(crate) pooler: Pooler,
     /// The database's default isolation is not READ COMMITTED: run each engine statement
     /// in a transaction that sets it (see [`Db::conn`]).
     pub(crate) set_isolation: bool,
@@ -30,17 +32,23 @@ pub(crate) struct Db {
 
 impl Db {
     /// The handle for `pool`: learns the database's default isolation once.
-    pub(crate) async fn new(pool: PgPool, clock: Clock) -> Result<Db> {
+    pub(crate) async fn new(pool: PgPool, clock: Clock, pooler: Pooler) -> Result<Db> {
         let level: String = sqlx::query_scalar(
             "/* gd:setup */ SELECT current_setting('default_transaction_isolation')",
         )
-        .fetch_one(&pool)
+        .fetch_one(pooler.pool(&pool))
         .await?;
         Ok(Db {
             pool,
             clock,
+            pooler,
             set_isolation: level != "read committed",
         })
+    }
+
+    /// The pool, as an executor for one statement (see [`Pooler::pool`]).
+    pub(crate) fn exec(&self) -> Alone<&PgPool> {
+        self.pooler.pool(&self.pool)
     }
 
     /// `$now` for a statement: the manual clock's time, or NULL for the database's.
@@ -51,12 +59,19 @@ impl Db {
     /// A connection for one engine statement, at READ COMMITTED whatever the database's
     /// default: every engine statement relies on it (each statement of the commit
     /// function sees what committed before it; a locking read follows a row's newest
-    /// version instead of failing with a serialization error).
+    /// version instead of failing with a serialization error). Behind a transaction-mode
+    /// pooler, each statement is in a transaction too (see [`Pooler`]).
     pub(crate) async fn conn(&self) -> Result<StatementConn> {
-        Ok(if self.set_isolation {
-            StatementConn::Transaction(self.pool.begin_with(BEGIN_READ_COMMITTED).await?)
+        let conn = if self.set_isolation {
+            Conn::Transaction(self.pool.begin_with(BEGIN_READ_COMMITTED).await?)
+        } else if self.pooler.unnamed() {
+            Conn::Transaction(self.pool.begin().await?)
         } else {
-            StatementConn::Plain(self.pool.acquire().await?)
+            Conn::Plain(self.pool.acquire().await?)
+        };
+        Ok(StatementConn {
+            conn,
+            pooler: self.pooler,
         })
     }
 }
@@ -87,22 +102,28 @@ pub(crate) const BEGIN_READ_COMMITTED: &str =
 
 /// See [`Db::conn`]; finish it with [`StatementConn::finish`].
 #[derive(Debug)]
-pub(crate) enum StatementConn {
+pub(crate) struct StatementConn {
+    conn: Conn,
+    pooler: Pooler,
+}
+
+#[derive(Debug)]
+enum Conn {
     Plain(sqlx::pool::PoolConnection<sqlx::Postgres>),
     Transaction(sqlx::Transaction<'static, sqlx::Postgres>),
 }
 
 impl StatementConn {
-    pub(crate) fn get(&mut self) -> &mut PgConnection {
-        match self {
-            StatementConn::Plain(c) => c,
-            StatementConn::Transaction(t) => t,
-        }
+    pub(crate) fn get(&mut self) -> On<&mut PgConnection> {
+        self.pooler.on(match &mut self.conn {
+            Conn::Plain(c) => &mut **c,
+            Conn::Transaction(t) => &mut **t,
+        })
     }
 
     /// Commits the statement's transaction, if it has one.
     pub(crate) async fn finish(self) -> Result<()> {
-        if let StatementConn::Transaction(t) = self {
+        if let Conn::Transaction(t) = self.conn {
             t.commit().await?;
         }
         Ok(())

@@ -57,7 +57,9 @@ async fn status(pool: &PgPool, id: i64) -> String {
 async fn each_service_does_one_pass_and_emits_its_event() {
     let tdb = TestDb::new().await;
     let pool = tdb.pool().clone();
-    let db = Db::new(pool.clone(), Clock::database()).await.unwrap();
+    let db = Db::new(pool.clone(), Clock::database(), crate::Pooler::None)
+        .await
+        .unwrap();
     let cfg = EngineConfig::default();
     let (telemetry, seen) = recording();
 

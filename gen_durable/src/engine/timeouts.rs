@@ -66,7 +66,7 @@ impl Service for Timeouts {
         let mut next_in = None;
         if fired < batch {
             // Not knowing the next deadline only costs a sweep at the interval.
-            if let Ok(Some(ms)) = lease::next_deadline_ms(&self.db.pool, self.db.now()).await {
+            if let Ok(Some(ms)) = lease::next_deadline_ms(self.db.exec(), self.db.now()).await {
                 next_in = Some(Duration::from_millis(ms.max(0) as u64 + 1));
             }
         }

@@ -220,6 +220,7 @@ impl Pg {
         let db = TestDb::with_pool_size(8).await;
         let clock = Clock::manual(epoch());
         let client = Client::new(db.pool().clone())
+            .with_pooler(db.pooler())
             .with_clock(clock.clone())
             .with_registry(crate::fsms::registry());
         let tag = format!("pg:{scenario}");
@@ -237,8 +238,10 @@ impl Pg {
         }
     }
 
+    /// The database, for the scenario's own checks (straight to the server when the
+    /// client and the engines go through a pooler).
     pub fn pool(&self) -> &sqlx::PgPool {
-        self.db.pool()
+        self.db.direct()
     }
 
     async fn engine(&self) -> Engine {
@@ -249,6 +252,8 @@ impl Pg {
         };
         let events = self.events.clone();
         Engine::builder(self.db.pool().clone())
+            .with_pooler(self.db.pooler())
+            .with_listener(self.db.listener())
             .with_registry(crate::fsms::registry())
             .with_clock(self.clock.clone())
             // One step at a time on "conf", in the pick's order, like the kit.
@@ -271,7 +276,7 @@ impl Pg {
                                     OR (status = 'awaiting_signal' AND await_deadline <= $1))",
         )
         .bind(self.now())
-        .fetch_one(self.db.pool())
+        .fetch_one(self.db.direct())
         .await
         .expect("idle query")
     }
@@ -343,7 +348,7 @@ impl Backend for Pg {
     async fn lose_lease(&mut self, id: i64) -> Result<()> {
         // Claimed by a node that dies at once: its lease has expired by the clock. Then
         // one pass of the engine's reaper statement.
-        let pool = self.db.pool();
+        let pool = self.db.direct();
         let claimed = sqlx::query(
             "UPDATE gd_instances SET status = 'executing', locked_by = 'lost-node',
                     lease_epoch = lease_epoch + 1, lease_expires_at = $2 - interval '1 second'
@@ -407,7 +412,7 @@ impl Backend for Pg {
         tally
     }
     async fn get(&mut self, id: i64) -> Instance {
-        Instance::load(self.db.pool(), id)
+        Instance::load(self.db.direct(), id)
             .await
             .expect("load instance")
             .unwrap_or_else(|| panic!("no instance {id}"))
@@ -416,7 +421,7 @@ impl Backend for Pg {
         sqlx::query("UPDATE gd_instances SET state = $2 WHERE id = $1")
             .bind(id)
             .bind(state)
-            .execute(self.db.pool())
+            .execute(self.db.direct())
             .await
             .expect("overwrite state");
     }

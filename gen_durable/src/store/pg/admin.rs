@@ -73,14 +73,14 @@ pub(crate) async fn applied_migrations<'e>(db: impl PgExecutor<'e>) -> Result<Ve
 /// `ready` and `oldest_ready` only count runnable rows whose `eligible_at` has passed: a
 /// row scheduled for tomorrow is not late, so it must not show as lag.
 const QUEUE_STATUS: &str = r#"/* gd:admin */
-SELECT queue, status, count(*) AS count,
+SELECT queue, status::text AS status, count(*) AS count,
        count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now())) AS ready,
        min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
            AS oldest_ready,
        count(*) FILTER (WHERE unique_guard IS NOT NULL) AS keyed
   FROM gd_instances
- GROUP BY queue, status
- ORDER BY queue, status
+ GROUP BY queue, gd_instances.status
+ ORDER BY queue, gd_instances.status
 "#;
 
 /// One (queue, status) cell of the status table.

@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 use super::UNIQUE_VIOLATION;
 use crate::answers::{CancelFound, RetryFound};
 use crate::error::Result;
+use crate::pooler::On;
 use crate::Status;
 
 /// Statement 1 of a cancel: the instance, its live descendants and its parent (whose
@@ -20,7 +21,7 @@ WITH RECURSIVE tree AS (
     SELECT c.id FROM gd_instances c JOIN tree t ON c.parent_id = t.id
      WHERE c.status NOT IN ('done', 'failed')
 )
-SELECT i.id, i.status, i.id IN (SELECT id FROM tree) AS in_tree
+SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
   FROM gd_instances i
  WHERE i.id IN (SELECT id FROM tree)
     OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
@@ -65,13 +66,13 @@ const FAN_IN: &str =
 
 /// Cancels instance `id` and its live descendants; `conn` must be in a transaction.
 pub(crate) async fn cancel(
-    conn: &mut PgConnection,
+    mut conn: On<&mut PgConnection>,
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<CancelFound> {
     let locked: Vec<(i64, Status, bool)> = sqlx::query_as(CANCEL_TREE)
         .bind(id)
-        .fetch_all(&mut *conn)
+        .fetch_all(conn.again())
         .await?;
     match locked.iter().find(|(i, _, _)| *i == id) {
         None => return Ok(CancelFound::NotFound),
@@ -86,13 +87,13 @@ pub(crate) async fn cancel(
     let (failed, flagged, parents): (i64, i64, Vec<i64>) = sqlx::query_as(CANCEL_APPLY)
         .bind(ids)
         .bind(now)
-        .fetch_one(&mut *conn)
+        .fetch_one(conn.again())
         .await?;
     if !parents.is_empty() {
         sqlx::query(FAN_IN)
             .bind(parents)
             .bind(now)
-            .execute(&mut *conn)
+            .execute(conn.again())
             .await?;
     }
     Ok(CancelFound::Cancelled {
@@ -142,9 +143,9 @@ WITH locked AS MATERIALIZED (
       FROM parent
      WHERE p.id = parent.id AND EXISTS (SELECT 1 FROM go)
 )
-SELECT (SELECT status FROM target) AS status,
+SELECT (SELECT status::text FROM target) AS status,
        (SELECT id FROM parent) AS parent,
-       (SELECT status FROM parent) AS parent_status,
+       (SELECT status::text FROM parent) AS parent_status,
        (SELECT count(*) FROM retried) AS retried,
        (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable') AS woke
 "#;
@@ -155,14 +156,14 @@ type RetryRow = (Option<Status>, Option<i64>, Option<Status>, i64, i64);
 
 /// Retries instance `id`.
 pub(crate) async fn retry(
-    conn: &mut PgConnection,
+    mut conn: On<&mut PgConnection>,
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<RetryFound> {
     let found = sqlx::query_as::<_, RetryRow>(RETRY)
         .bind(id)
         .bind(now)
-        .fetch_one(&mut *conn)
+        .fetch_one(conn.again())
         .await;
     let (status, parent, parent_status, retried, _) = match found {
         Ok(row) => row,

@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 
 use crate::error::Result;
 use crate::kind::OutcomeKind;
+use crate::pooler::On;
 use crate::runtime::{NewInstance, Outcome, StepOutput};
 use crate::store::pg::insert::insert_with_parents;
 use crate::store::pg::millis;
@@ -112,7 +113,7 @@ fn one_per_row<'x, 'a>(batch: &'x [Commit<'a>]) -> Vec<&'x Commit<'a>> {
 /// Commits `batch`: one statement, plus a fence and one insert when children are
 /// spawned — then `conn` must be in a transaction (see [`needs_transaction`]).
 pub(crate) async fn commit(
-    conn: &mut PgConnection,
+    mut conn: On<&mut PgConnection>,
     node: &str,
     batch: &[Commit<'_>],
     notify: &[String],
@@ -121,7 +122,7 @@ pub(crate) async fn commit(
     let mut sorted = one_per_row(batch);
     let mut spawned = Spawned::default();
     if needs_transaction(batch) {
-        spawned = spawn_children(&mut *conn, node, &mut sorted, now).await?;
+        spawned = spawn_children(conn.again(), node, &mut sorted, now).await?;
     }
     if sorted.is_empty() {
         return Ok(Committed {
@@ -149,7 +150,7 @@ pub(crate) async fn commit(
             .bind(a.seen)
             .bind(notify)
             .bind(now)
-            .fetch_one(&mut *conn)
+            .fetch_one(conn.again())
             .await?;
     let mut deferred = spawned.deferred;
     deferred.extend(later);
@@ -176,7 +177,7 @@ struct Spawned {
 /// deferred. Neither reaches the apply, which must not commit a `schedule_children`
 /// without its children.
 async fn spawn_children(
-    conn: &mut PgConnection,
+    mut conn: On<&mut PgConnection>,
     node: &str,
     sorted: &mut Vec<&Commit<'_>>,
     now: Option<DateTime<Utc>>,
@@ -187,7 +188,7 @@ async fn spawn_children(
         .bind(&ids)
         .bind(&epochs)
         .bind(node)
-        .fetch_all(&mut *conn)
+        .fetch_all(conn.again())
         .await?;
     let fenced: HashSet<i64> = rows.iter().filter(|r| r.1).map(|r| r.0).collect();
     let cancelled: HashSet<i64> = rows.iter().filter(|r| r.1 && r.2).map(|r| r.0).collect();
@@ -209,7 +210,7 @@ async fn spawn_children(
         queues.sort();
         queues.dedup();
         let (_, inserted_parents) =
-            insert_with_parents(&mut *conn, &children, &parents, &queues, now).await?;
+            insert_with_parents(conn.again(), &children, &parents, &queues, now).await?;
         for p in inserted_parents.into_iter().flatten() {
             *out.per_parent.entry(p).or_default() += 1;
         }
@@ -398,7 +399,9 @@ mod tests {
             };
 
             let mut conn = p.acquire().await.unwrap();
-            let done = commit(&mut conn, "n1", &batch, &[], None).await.unwrap();
+            let done = commit(crate::Pooler::None.on(&mut *conn), "n1", &batch, &[], None)
+                .await
+                .unwrap();
             drop(conn);
             assert_eq!(
                 done.fenced,

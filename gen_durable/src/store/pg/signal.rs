@@ -41,7 +41,7 @@ WITH target AS (
     RETURNING i.queue
 )
 SELECT (SELECT id FROM target) AS id,
-       (SELECT status FROM target) AS status,
+       (SELECT status::text FROM target) AS status,
        (SELECT id FROM ins) AS signal_id,
        (SELECT count(pg_notify('gd_wake', queue)) FROM wake) AS woke
 "

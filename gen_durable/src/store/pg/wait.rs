@@ -9,7 +9,7 @@ use crate::Status;
 
 /// The columns a wait answers from.
 pub(super) const READ: &str = r#"/* gd:wait */
-SELECT id, status, step, attempt, result, last_error, awaits, children_pending
+SELECT id, status::text AS status, step, attempt, result, last_error, awaits, children_pending
   FROM gd_instances WHERE id = $1
 "#;
 
@@ -25,7 +25,7 @@ SELECT coalesce(
 
 /// One tick of a client's probe: the status of every id waited on (a missing id is gone).
 pub(super) const PROBE: &str = r#"/* gd:wait */
-SELECT id, status FROM gd_instances WHERE id = ANY ($1)
+SELECT id, status::text FROM gd_instances WHERE id = ANY ($1)
 "#;
 
 pub(crate) async fn read<'e>(db: impl PgExecutor<'e>, id: i64) -> Result<Option<WaitRow>> {
