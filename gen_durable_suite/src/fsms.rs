@@ -1,5 +1,7 @@
 //! FSMs for the reliability suite and the soak. Each step writes one audit row through
 //! `ctx.transaction()`, so "exactly once per (instance, step)" can be checked in SQL.
+//! Their statements are unnamed (`.persistent(false)`), as a step's must be when the
+//! engine runs behind a transaction-mode pooler (README "Behind a connection pooler").
 
 use std::time::Duration;
 
@@ -70,6 +72,7 @@ async fn audited_step(ctx: &mut Ctx<Audited>, name: &str) -> Result<(), StepErro
     let node = std::env::var("GD_NODE").unwrap_or_default();
     let tx = ctx.transaction().await.map_err(StepError::new)?;
     sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, $2, $3)")
+        .persistent(false)
         .bind(id)
         .bind(name)
         .bind(node)
@@ -139,10 +142,12 @@ impl Keyed {
         // Not ctx.now(): that is when the claim statement began, which may be well
         // before the claim committed and the step actually started.
         let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+            .persistent(false)
             .fetch_one(&mut **tx)
             .await?;
         tokio::time::sleep(Duration::from_millis(ms)).await;
         sqlx::query("INSERT INTO gd_spans VALUES ($1, $2, $3, clock_timestamp())")
+            .persistent(false)
             .bind(id)
             .bind(key)
             .bind(started)
@@ -190,6 +195,7 @@ impl FanParent {
         let id = ctx.id();
         let tx = ctx.transaction().await.map_err(StepError::new)?;
         sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'sum', '')")
+            .persistent(false)
             .bind(id)
             .execute(&mut **tx)
             .await?;
@@ -214,6 +220,7 @@ impl FanChild {
         let id = ctx.id();
         let tx = ctx.transaction().await.map_err(StepError::new)?;
         sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'child', '')")
+            .persistent(false)
             .bind(id)
             .execute(&mut **tx)
             .await?;
@@ -243,6 +250,7 @@ impl Waiter {
         let (id, got) = (ctx.id(), ctx.awaited().len());
         let tx = ctx.transaction().await.map_err(StepError::new)?;
         sqlx::query("INSERT INTO gd_audit (instance, step, node) VALUES ($1, 'got', '')")
+            .persistent(false)
             .bind(id)
             .execute(&mut **tx)
             .await?;
