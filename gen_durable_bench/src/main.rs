@@ -4,6 +4,7 @@
 //! cargo run --release -p gen_durable_bench                      # every scenario, with the ceiling
 //! cargo run --release -p gen_durable_bench -- --scenario drain  # one scenario
 //! cargo run --release -p gen_durable_bench -- --smoke           # tiny sizes, no ceiling (CI)
+//! cargo run --release -p gen_durable_bench -- --processes 1,2,4 --runs 3  # engines in 1, 2, 4 processes
 //! ```
 //!
 //! Creates afresh (and migrates) its own database `gen_durable_bench` on `DATABASE_URL`'s server,
@@ -70,6 +71,14 @@ pub(crate) struct Args {
     /// Override the instance count of drain / five_step / fan_out.
     #[arg(long)]
     pub(crate) n: Option<usize>,
+    /// Run drain and five_step (the default scenarios then) with the engines in this many
+    /// worker processes, each with the engine settings above; a list (`1,2,4`) runs each
+    /// count in turn, `--runs` times over, interleaved.
+    #[arg(long, value_delimiter = ',')]
+    processes: Vec<usize>,
+    /// Internal: run as worker process K of `--processes`.
+    #[arg(long, hide = true)]
+    worker: Option<usize>,
 }
 
 /// What every scenario gets.
@@ -179,22 +188,32 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    let scenarios: Vec<String> = if args.scenarios.is_empty() {
-        ALL.iter().map(|s| s.to_string()).collect()
-    } else {
+    if let Some(k) = args.worker {
+        return scenarios::processes::worker(args, k).await;
+    }
+    let procs = !args.processes.is_empty();
+    let scenarios: Vec<String> = if !args.scenarios.is_empty() {
         args.scenarios.clone()
+    } else if procs {
+        vec!["drain".into(), "five_step".into()]
+    } else {
+        ALL.iter().map(|s| s.to_string()).collect()
     };
     for s in &scenarios {
         if !ALL.contains(&s.as_str()) && s != "drain_sweep" {
             return Err(format!("unknown scenario {s:?} (one of {ALL:?}, drain_sweep)").into());
         }
+        if procs && s != "drain" && s != "five_step" {
+            return Err(format!("--processes runs drain and five_step, not {s}").into());
+        }
+    }
+    if args.processes.contains(&0) {
+        return Err("--processes counts start at 1".into());
     }
     let log = StatementLog::new();
     tracing::subscriber::set_global_default(log.clone())?;
 
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-    let server = PgConnectOptions::from_str(&url)?;
+    let server = server()?;
     create_database(&server, "gen_durable_bench").await?;
     let logged = server.clone().database("gen_durable_bench");
     let quiet = PgPoolOptions::new()
@@ -222,6 +241,16 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // to the mean of the ceiling before and after: the machine's load drifts.
     let mut lines: Vec<(String, Report, Option<usize>)> = Vec::new();
     for name in &scenarios {
+        if procs {
+            scenarios::processes::curve(&bench, name, &mut |r, median_of| {
+                if !measure {
+                    print_line(name, r, None, median_of);
+                }
+                lines.push((name.clone(), r.clone(), median_of));
+            })
+            .await?;
+            continue;
+        }
         let mut reports = Vec::new();
         for _ in 0..bench.args.runs.max(1) {
             let rs = scenarios::run(&bench, name).await?;
@@ -313,6 +342,13 @@ fn median_report(rs: &[Report]) -> Report {
         json!(rs.iter().map(|r| r.per_s.round()).collect::<Vec<_>>()),
     );
     m
+}
+
+/// The server of `DATABASE_URL` (default: `postgres://postgres@127.0.0.1:5432/postgres`).
+fn server() -> Result<PgConnectOptions, BoxError> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
+    Ok(PgConnectOptions::from_str(&url)?)
 }
 
 async fn create_database(server: &PgConnectOptions, name: &str) -> Result<(), BoxError> {

@@ -120,6 +120,7 @@ async fn a_pooled_engine_and_client_use_no_session_state() {
         .await
         .unwrap();
     assert_eq!(done, Settled::Done(json!({ "children": 3 })));
+    assert_eq!(gd.wait(parent).await.unwrap(), done);
     for id in [loose].into_iter().chain(batch) {
         let s = gd.wait(id).timeout(Duration::from_secs(20)).await.unwrap();
         assert!(matches!(s, Settled::Done(_)), "{id}: {s:?}");

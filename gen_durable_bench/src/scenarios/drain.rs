@@ -1,5 +1,6 @@
 //! The `drain` and `five_step` scenarios: one engine drains a backlog of one- or five-step rows.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use gen_durable::prelude::*;
@@ -9,34 +10,19 @@ use super::tracker::{start_engine, Tracker};
 use super::{insert_chunks, scalar_i64, statements, EngineCfg, R};
 use crate::fsms::{reset_probe, Five, Noop, PROBE};
 use crate::{Bench, Report};
-use gen_durable_testkit::statements::by_kind;
+use gen_durable_testkit::statements::{by_kind, KindCount};
 
 /// `drain` (single-step no-ops) or `five_step` (five `next` steps each): inserts the
 /// backlog, then starts one engine and times from the first step to the last commit.
 pub(super) async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
-    let n = b.args.n.unwrap_or(match (b.smoke(), five) {
-        (true, _) => 200,
-        (false, false) => 20_000,
-        (false, true) => 5_000,
-    });
-    let steps_per = if five { 5 } else { 1 };
-    b.clean().await?;
-    let client = Client::new(b.quiet.clone());
-    if five {
-        insert_chunks::<Five>(&client, n, 0).await?;
-    } else {
-        insert_chunks::<Noop>(&client, n, 0).await?;
-    }
-    sqlx::query("VACUUM ANALYZE gd_instances")
-        .execute(&b.quiet)
-        .await?;
+    let backlog = Backlog::new(b, five);
+    backlog.insert(b).await?;
     reset_probe(true);
     let pool = b.logged_pool(cfg.pool).await?;
-    let tracker = Tracker::new(n as u64);
+    let tracker = Tracker::new(backlog.n as u64);
     b.log.take();
     let engine = start_engine(&pool, cfg, &tracker).await?;
-    let limit = Duration::from_secs(if b.smoke() { 30 } else { 300 });
-    let waited = tracker.wait_done(limit).await;
+    let waited = tracker.wait_done(backlog.limit(b)).await;
     let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
@@ -49,38 +35,95 @@ pub(super) async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
     let first = first.ok_or("no step ran")?;
     let last = tracker.last.lock().expect("last").ok_or("no commit")?;
     let secs = (last - first).as_secs_f64();
-    let steps = (n * steps_per) as u64;
+    backlog.report(b, cfg, &tracker, &counts, secs, runs).await
+}
 
-    // Verify: every instance done exactly once with the expected state.
-    tracker.check_exactly_once(n)?;
-    if runs != steps {
-        return Err(format!("expected {steps} step runs, counted {runs}").into());
+/// The backlog of a drain: `n` rows of `Noop` (`drain`) or `Five` (`five_step`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Backlog {
+    pub(super) n: usize,
+    pub(super) five: bool,
+}
+
+impl Backlog {
+    /// The scenario's size: `--n`, else 20,000 for `drain` and 5,000 for `five_step`.
+    pub(super) fn new(b: &Bench, five: bool) -> Self {
+        let n = b.args.n.unwrap_or(match (b.smoke(), five) {
+            (true, _) => 200,
+            (false, false) => 20_000,
+            (false, true) => 5_000,
+        });
+        Backlog { n, five }
     }
-    let sql = if five {
-        "SELECT count(*) FROM gd_instances WHERE status = 'done' AND fsm = 'Five'
+
+    /// Steps to run: five per instance for `five_step`.
+    pub(super) fn steps(&self) -> u64 {
+        (self.n * if self.five { 5 } else { 1 }) as u64
+    }
+
+    /// How long the drain may take.
+    pub(super) fn limit(&self, b: &Bench) -> Duration {
+        Duration::from_secs(if b.smoke() { 30 } else { 300 })
+    }
+
+    /// An empty table, then the backlog, inserted and vacuumed.
+    pub(super) async fn insert(&self, b: &Bench) -> R<()> {
+        b.clean().await?;
+        let client = Client::new(b.quiet.clone());
+        if self.five {
+            insert_chunks::<Five>(&client, self.n, 0).await?;
+        } else {
+            insert_chunks::<Noop>(&client, self.n, 0).await?;
+        }
+        sqlx::query("VACUUM ANALYZE gd_instances")
+            .execute(&b.quiet)
+            .await?;
+        Ok(())
+    }
+
+    /// Checks the drained table against the tracker (every instance done exactly once
+    /// with the expected state, `runs` step runs in all) and makes the report of `secs`.
+    pub(super) async fn report(
+        &self,
+        b: &Bench,
+        cfg: &EngineCfg,
+        tracker: &Tracker,
+        counts: &BTreeMap<&'static str, KindCount>,
+        secs: f64,
+        runs: u64,
+    ) -> R<Report> {
+        let (n, five, steps) = (self.n, self.five, self.steps());
+        tracker.check_exactly_once(n)?;
+        if runs != steps {
+            return Err(format!("expected {steps} step runs, counted {runs}").into());
+        }
+        let sql = if five {
+            "SELECT count(*) FROM gd_instances WHERE status = 'done' AND fsm = 'Five'
             AND (state->>'n')::int = 5 AND result = '5'::jsonb"
-    } else {
-        "SELECT count(*) FROM gd_instances WHERE status = 'done' AND fsm = 'Noop'
+        } else {
+            "SELECT count(*) FROM gd_instances WHERE status = 'done' AND fsm = 'Noop'
             AND result = (state->'i')"
-    };
-    let ok = scalar_i64(&b.quiet, sql).await?;
-    let all = scalar_i64(&b.quiet, "SELECT count(*) FROM gd_instances").await?;
-    if ok != n as i64 || all != n as i64 {
-        return Err(
-            format!("expected {n} rows done with the expected state; {ok} of {all} are").into(),
+        };
+        let ok = scalar_i64(&b.quiet, sql).await?;
+        let all = scalar_i64(&b.quiet, "SELECT count(*) FROM gd_instances").await?;
+        if ok != n as i64 || all != n as i64 {
+            return Err(format!(
+                "expected {n} rows done with the expected state; {ok} of {all} are"
+            )
+            .into());
+        }
+        let mut extra = Map::new();
+        extra.insert("config".into(), cfg.json());
+        extra.insert("instances".into(), json!(n));
+        extra.insert("steps".into(), json!(steps));
+        extra.insert(
+            "unit".into(),
+            json!(if five { "steps/s" } else { "instances/s" }),
         );
+        let spr = statements(counts, steps, &mut extra);
+        tracker.commit_stats(&mut extra);
+        let mut lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
+        extra.insert("latency".into(), json!("step start -> outcome committed"));
+        Ok(Report::measured(steps, secs, &mut lat, spr, extra))
     }
-    let mut extra = Map::new();
-    extra.insert("config".into(), cfg.json());
-    extra.insert("instances".into(), json!(n));
-    extra.insert("steps".into(), json!(steps));
-    extra.insert(
-        "unit".into(),
-        json!(if five { "steps/s" } else { "instances/s" }),
-    );
-    let spr = statements(&counts, steps, &mut extra);
-    tracker.commit_stats(&mut extra);
-    let mut lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
-    extra.insert("latency".into(), json!("step start -> outcome committed"));
-    Ok(Report::measured(steps, secs, &mut lat, spr, extra))
 }

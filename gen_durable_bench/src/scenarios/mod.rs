@@ -11,6 +11,7 @@ mod fan_out;
 mod insert;
 mod insert_all;
 mod pick_1m;
+pub(crate) mod processes;
 mod signal_latency;
 mod tracker;
 mod wait_latency;

@@ -18,17 +18,17 @@ use crate::fsms::PROBE;
 #[derive(Debug, Default)]
 pub(super) struct Tracker {
     target_done: AtomicU64,
-    done: AtomicU64,
-    steps: AtomicU64,
-    lost: AtomicU64,
-    commits: AtomicU64,
-    committed: AtomicU64,
-    commit_ms: Mutex<Vec<f64>>,
+    pub(super) done: AtomicU64,
+    pub(super) steps: AtomicU64,
+    pub(super) lost: AtomicU64,
+    pub(super) commits: AtomicU64,
+    pub(super) committed: AtomicU64,
+    pub(super) commit_ms: Mutex<Vec<f64>>,
     /// Sums of the queue's in-flight steps and buffered rows over its saturation events.
-    saturation: Mutex<(u64, u64, u64)>,
+    pub(super) saturation: Mutex<(u64, u64, u64)>,
     pub(super) last: Mutex<Option<Instant>>,
     pub(super) latencies_ms: Mutex<Vec<f64>>,
-    done_ids: Mutex<HashMap<i64, u32>>,
+    pub(super) done_ids: Mutex<HashMap<i64, u32>>,
     pub(super) first_schedule: Mutex<Option<Instant>>,
     notify: Notify,
 }
