@@ -192,3 +192,22 @@ async fn a_pooled_engine_and_client_use_no_session_state() {
     assert!(bare > 10, "gen_durable's statements run unnamed: {bare}");
     db.close().await;
 }
+
+/// A pooled engine that would LISTEN through the pooler is refused at start, by name.
+#[tokio::test]
+async fn a_pooled_engine_must_not_listen_through_the_pooler() {
+    let db = TestDb::new().await;
+    let e = Engine::builder(db.pool().clone())
+        .with_pooler(Pooler::Transaction)
+        .with_registry(registry())
+        .queue("p", 1)
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&e, gen_durable::Error::InvalidConfig(m) if m.contains("WakeListener")),
+        "{e}"
+    );
+    db.close().await;
+}
