@@ -1,37 +1,6 @@
 //! [`ShardedClient`]: one [`Client`] per PostgreSQL database (a *shard*), each instance
-//! placed on the shard its key hashes to.
-//!
-//! Every shard is a complete gen_durable database with its own engines; nothing crosses
-//! shards. An instance's children are inserted by the engine in the database of their
-//! parent, so a whole tree lives on its root's shard. The client only routes: an insert
-//! by key goes to the key's shard, a signal or a wait by key goes there too, and an
-//! operation by id names the shard with the id ([`ShardedId`]), since ids are per database.
-//! docs/scaling.md explains when to shard and how to deploy it.
-//!
-//! # The hash, which never changes
-//!
-//! A key's shard is [`jump_hash`]`(`[`fnv1a_64`]`(key's UTF-8 bytes), number of shards)`:
-//!
-//! - **FNV-1a, 64 bits** (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`), over
-//!   the key's bytes exactly, nothing appended. It is a published, fixed algorithm with
-//!   reference test vectors; std's `DefaultHasher` is not (its algorithm may change
-//!   between Rust releases, and `Hash for str` appends a byte).
-//! - **Jump consistent hash** (Lamping and Veach, "A Fast, Minimal Memory, Consistent
-//!   Hash Algorithm", 2014; arXiv:1406.2294), as the paper's reference code: growing from
-//!   `n` to `n + 1` shards moves only the keys that go to the new shard, about
-//!   `1/(n + 1)` of them, where `hash % n` would move `n/(n + 1)`. Its floating-point
-//!   operations are IEEE 754 double divisions, multiplications and conversions, which are
-//!   correctly rounded on every platform Rust supports, so a key maps to the same shard
-//!   on every machine (and in a port to another language that follows the paper's code).
-//!
-//! Both are written out here rather than taken from a crate: they are a dozen lines, and
-//! the routing of stored data must not move because a dependency changed. A golden test
-//! (`gen_durable_suite/tests/sharded_client.rs`) pins the shard of fixed keys; a change
-//! of either function, of the byte encoding, or of the order of the shards is a
-//! migration of every stored instance, never a refactor.
-//!
-//! The order of the `Vec<Client>` is part of the routing: every process must list the
-//! same databases in the same order, and a new shard is only ever appended.
+//! placed on the shard its key hashes to. The type's documentation holds the routing
+//! contract (the hash, which never changes); docs/scaling.md the deployment.
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
@@ -68,8 +37,41 @@ impl fmt::Display for ShardedId {
     }
 }
 
-/// [`Client`]s over several databases, routing each instance by a stable hash of its
-/// key (see the [module docs](self) for the hash). Cheap to clone.
+/// [`Client`]s over several PostgreSQL databases (*shards*), routing each instance by a
+/// stable hash of its key. Cheap to clone.
+///
+/// Every shard is a complete gen_durable database with its own engines; nothing crosses
+/// shards. The engine inserts an instance's children in the database of their parent, so
+/// a whole tree lives on its root's shard. This client only routes: an insert, a signal
+/// or a wait by key goes to the key's shard, and an operation by id names the shard with
+/// the id ([`ShardedId`]), since ids are per database. docs/scaling.md says when to
+/// shard and how to deploy it.
+///
+/// # The hash, which never changes
+///
+/// A key's shard is `jump_hash(fnv1a_64(the key's UTF-8 bytes), number of shards)`:
+///
+/// - **FNV-1a, 64 bits** (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`), over
+///   the key's bytes exactly, nothing appended. It is a published, fixed algorithm with
+///   reference test vectors; std's `DefaultHasher` is not (its algorithm may change
+///   between Rust releases, and `Hash for str` appends a byte).
+/// - **Jump consistent hash** (Lamping and Veach, "A Fast, Minimal Memory, Consistent
+///   Hash Algorithm", 2014, arXiv:1406.2294), as the paper's reference code: going from
+///   `n` to `n + 1` shards moves only keys to the new shard, about `1/(n + 1)` of them,
+///   where `hash % n` would move `n/(n + 1)`. Its floating-point steps are IEEE 754
+///   double divisions, multiplications and conversions, correctly rounded on every
+///   platform Rust supports, so a key has the same shard on every machine, and in any
+///   port of the paper's code to another language (its unit test checks ClickHouse's
+///   `jumpConsistentHash` answers).
+///
+/// Both are written out in this module rather than taken from a crate: they are a dozen
+/// lines, and the placement of stored data must not move because a dependency changed. A
+/// golden test (`gen_durable_suite/tests/sharded_client.rs`) pins the shard of fixed
+/// keys; changing either function, the bytes hashed, or the order of the shards would be
+/// a migration of every stored instance, never a refactor.
+///
+/// The order of the `Vec<Client>` is part of the routing: every process lists the same
+/// databases in the same order, and a new shard is only ever appended.
 ///
 /// ```no_run
 /// # async fn demo<Checkout: gen_durable::Fsm>(
@@ -101,10 +103,11 @@ impl ShardedClient {
                 "a ShardedClient needs at least one shard (one Client per database)".into(),
             ));
         }
-        if u32::try_from(shards.len()).is_err() {
+        // The jump hash's domain, as in the paper: a positive 32-bit bucket count.
+        if i32::try_from(shards.len()).is_err() {
             return Err(Error::InvalidConfig(format!(
                 "a ShardedClient routes over at most {} shards, got {}",
-                u32::MAX,
+                i32::MAX,
                 shards.len()
             )));
         }
@@ -119,8 +122,8 @@ impl ShardedClient {
     /// The shard `key` routes to: an index into [`ShardedClient::shards`]. The same on
     /// every process, platform and release for the same number of shards.
     pub fn shard_of(&self, key: &str) -> usize {
-        // `new` bounds the count by u32::MAX, and a u32 always fits in usize here.
-        jump_hash(fnv1a_64(key.as_bytes()), self.shards.len() as u32) as usize
+        // `new` bounds the count by i32::MAX; the answer is in 0..count.
+        jump_hash(fnv1a_64(key.as_bytes()), self.shards.len() as i32) as usize
     }
 
     /// The client of the shard `key` routes to. Use it for what the routed operations
@@ -311,16 +314,16 @@ fn fnv1a_64(bytes: &[u8]) -> u64 {
 
 /// Jump consistent hash of `key` into `buckets` (≥ 1) buckets, as the paper's reference
 /// code: the second half of the routing hash. Fixed forever.
-fn jump_hash(mut key: u64, buckets: u32) -> u32 {
+fn jump_hash(mut key: u64, buckets: i32) -> i32 {
     let buckets = i64::from(buckets);
     let (mut b, mut j) = (-1_i64, 0_i64);
     while j < buckets {
         b = j;
         key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
-        // (b + 1) ≤ 2^32 and the quotient ≤ 2^31: the product fits in an i64.
+        // (b + 1) ≤ 2^31 and the quotient ≤ 2^31: the product fits in an i64.
         j = ((b + 1) as f64 * ((1_u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
     }
-    b as u32
+    b as i32
 }
 
 #[cfg(test)]
@@ -365,7 +368,7 @@ mod tests {
     /// 1/(n + 1) of them: the property a migration to one more shard relies on.
     #[test]
     fn one_more_bucket_moves_keys_only_to_it() {
-        for n in 1..12_u32 {
+        for n in 1..12_i32 {
             let mut moved = 0;
             for i in 0..5_000 {
                 let h = fnv1a_64(format!("key-{i}").as_bytes());
