@@ -26,6 +26,7 @@ use serde_json::{json, Map, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+use gen_durable::{Client, Pooler, WakeListener};
 use gen_durable_testkit::statements::StatementLog;
 
 /// Benchmark scenarios of gen_durable, one JSON line each.
@@ -36,7 +37,8 @@ pub(crate) struct Args {
     #[arg(long)]
     smoke: bool,
     /// Scenarios to run (repeatable; default: all but drain_sweep). One of: insert,
-    /// insert_all, drain, five_step, signal_latency, wait_latency, fan_out, pick_1m, drain_sweep.
+    /// insert_all, drain, five_step, signal_latency, wait_latency, wake_latency, fan_out,
+    /// pick_1m, drain_sweep.
     #[arg(long = "scenario")]
     scenarios: Vec<String>,
     /// Runs of each scenario; with more than one, a `median` line follows the runs.
@@ -79,6 +81,25 @@ pub(crate) struct Args {
     /// Internal: run as worker process K of `--processes`.
     #[arg(long, hide = true)]
     worker: Option<usize>,
+    /// A transaction-mode pooler in front of `DATABASE_URL`'s server (e.g.
+    /// `postgres://postgres@127.0.0.1:6543/postgres`, `scripts/pgbouncer.sh`): the engines'
+    /// and the measured clients' pools go through it, with `Pooler::Transaction`. Setup
+    /// and checks stay direct.
+    #[arg(long)]
+    pooler_url: Option<String>,
+    /// Where engines LISTEN: on a connection of the pool's (`pool`, the default without
+    /// a pooler), on the server itself (`direct`, the default with `--pooler-url`), or
+    /// nowhere (`off`: polling only).
+    #[arg(long, value_enum)]
+    listener: Option<Listen>,
+}
+
+/// See `Args::listener`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Listen {
+    Pool,
+    Direct,
+    Off,
 }
 
 /// What every scenario gets.
@@ -87,14 +108,52 @@ pub(crate) struct Bench {
     pub(crate) args: Args,
     /// Setup, cleaning and verification: statements not counted.
     pub(crate) quiet: PgPool,
-    /// Statement logging on: what the engine or the measured client uses.
+    /// Statement logging on: what the engine or the measured client uses (through
+    /// `--pooler-url` when given).
     pub(crate) logged: PgConnectOptions,
+    /// The bench database on the server itself.
+    pub(crate) direct: PgConnectOptions,
     pub(crate) log: StatementLog,
 }
 
 impl Bench {
     pub(crate) fn smoke(&self) -> bool {
         self.args.smoke
+    }
+
+    /// What the measured pools go through.
+    pub(crate) fn pooler(&self) -> Pooler {
+        if self.args.pooler_url.is_some() {
+            Pooler::Transaction
+        } else {
+            Pooler::None
+        }
+    }
+
+    /// Where an engine of this run LISTENs (see `Args::listener`).
+    pub(crate) fn listener(&self) -> WakeListener {
+        self.listener_for(
+            self.args
+                .listener
+                .unwrap_or(if self.args.pooler_url.is_some() {
+                    Listen::Direct
+                } else {
+                    Listen::Pool
+                }),
+        )
+    }
+
+    pub(crate) fn listener_for(&self, l: Listen) -> WakeListener {
+        match l {
+            Listen::Pool => WakeListener::Pool,
+            Listen::Direct => WakeListener::direct(self.direct.clone().disable_statement_logging()),
+            Listen::Off => WakeListener::Off,
+        }
+    }
+
+    /// A client on `pool` (a measured pool), told what the pool goes through.
+    pub(crate) fn client(&self, pool: &PgPool) -> Client {
+        Client::new(pool.clone()).with_pooler(self.pooler())
     }
 
     /// A new pool whose statements are counted.
@@ -174,6 +233,7 @@ const ALL: &[&str] = &[
     "five_step",
     "signal_latency",
     "wait_latency",
+    "wake_latency",
     "fan_out",
     "pick_1m",
 ];
@@ -215,10 +275,16 @@ async fn run(args: Args) -> Result<(), BoxError> {
 
     let server = server()?;
     create_database(&server, "gen_durable_bench").await?;
-    let logged = server.clone().database("gen_durable_bench");
+    let direct = server.clone().database("gen_durable_bench");
+    let logged = match &args.pooler_url {
+        Some(url) => PgConnectOptions::from_str(url)
+            .map_err(|e| format!("--pooler-url {url:?}: {e}"))?
+            .database("gen_durable_bench"),
+        None => direct.clone(),
+    };
     let quiet = PgPoolOptions::new()
         .max_connections(10)
-        .connect_with(logged.clone().disable_statement_logging())
+        .connect_with(direct.clone().disable_statement_logging())
         .await?;
     gen_durable::migrate(&quiet).await?;
 
@@ -235,6 +301,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         args,
         quiet,
         logged,
+        direct,
         log,
     };
     // Lines wait for the second ceiling (measured after the scenarios), so each ratio is

@@ -28,6 +28,7 @@ pub(super) async fn drain_sweep(b: &Bench) -> R<Vec<Report>> {
             min_demand,
             commit_batch,
             pool,
+            ..EngineCfg::from_args(b)
         };
         out.push(drain(b, &cfg, false).await?);
     }

@@ -31,7 +31,7 @@ pub(super) async fn capture_statements(b: &Bench) -> R<()> {
     b.clean().await?;
     reset_probe(false);
     let pool = b.logged_pool(4).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     insert_chunks::<Five>(&client, 10, 0).await?;
     let w = client
         .insert::<Waiter>(crate::fsms::BenchState { i: 0, n: 0 })

@@ -23,7 +23,7 @@ pub(super) async fn insert(b: &Bench) -> R<Report> {
     b.clean().await?;
 
     let pool = b.pool(callers as u32, true).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     single_inserts(&client, callers, 0..callers, -1).await?; // warm every connection
     b.log.take();
     single_inserts(&client, callers, 0..counted, 0).await?;
@@ -31,7 +31,7 @@ pub(super) async fn insert(b: &Bench) -> R<Report> {
     pool.close().await;
 
     let pool = b.pool(callers as u32, false).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     single_inserts(&client, callers, 0..callers, -1).await?;
     let t0 = Instant::now();
     let mut lat = single_inserts(&client, callers, counted..n + counted, 0).await?;

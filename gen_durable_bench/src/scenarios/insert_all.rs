@@ -16,7 +16,7 @@ pub(super) async fn insert_all(b: &Bench) -> R<Report> {
     let (calls, per_call) = if b.smoke() { (2, 200) } else { (5, 20_000) };
     b.clean().await?;
     let pool = b.logged_pool(2).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     client
         .insert_all::<Noop>(vec![
             Entry::new(crate::fsms::BenchState { i: -1, n: 0 }).queue("warm")

@@ -15,6 +15,7 @@ pub(crate) mod processes;
 mod signal_latency;
 mod tracker;
 mod wait_latency;
+mod wake_latency;
 
 use std::collections::BTreeMap;
 
@@ -38,6 +39,7 @@ pub(crate) async fn run(b: &Bench, name: &str) -> R<Vec<Report>> {
         "five_step" => vec![drain::drain(b, &EngineCfg::from_args(b), true).await?],
         "signal_latency" => vec![signal_latency::signal_latency(b).await?],
         "wait_latency" => vec![wait_latency::wait_latency(b).await?],
+        "wake_latency" => vec![wake_latency::wake_latency(b).await?],
         "fan_out" => vec![fan_out::fan_out(b).await?],
         "pick_1m" => vec![pick_1m::pick_1m(b).await?],
         "drain_sweep" => drain_sweep::drain_sweep(b).await?,
@@ -53,6 +55,8 @@ struct EngineCfg {
     min_demand: usize,
     commit_batch: usize,
     pool: u32,
+    pooler: gen_durable::Pooler,
+    listener: gen_durable::WakeListener,
 }
 
 impl EngineCfg {
@@ -63,6 +67,8 @@ impl EngineCfg {
             min_demand: b.args.min_demand,
             commit_batch: b.args.commit_batch,
             pool: b.args.pool,
+            pooler: b.pooler(),
+            listener: b.listener(),
         }
     }
     fn json(&self) -> Value {

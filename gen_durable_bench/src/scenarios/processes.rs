@@ -457,11 +457,11 @@ impl Workers {
             .take()
             .and_then(|h| h.join().ok())
             .unwrap_or_default();
-        format!(
-            "worker {i} stopped ({status}); its stderr:\n{}",
-            stderr.trim_end()
-        )
-        .into()
+        let stderr = match stderr.trim_end() {
+            "" => "its stderr is empty".to_string(),
+            s => format!("its stderr:\n{s}"),
+        };
+        format!("worker {i} stopped ({status}); {stderr}").into()
     }
 }
 
@@ -490,6 +490,7 @@ pub(crate) async fn worker(args: Args, index: usize) -> R<()> {
     let b = Bench {
         args,
         quiet,
+        direct: logged.clone(),
         logged,
         log,
     };

@@ -26,7 +26,7 @@ pub(super) async fn signal_latency(b: &Bench) -> R<Report> {
     let tracker = Tracker::new(samples as u64);
     let cfg = EngineCfg::from_args(b);
     let engine = start_engine(&pool, &cfg, &tracker).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     let entries: Vec<Entry<Waiter>> = (0..samples)
         .map(|i| Entry::new(crate::fsms::BenchState { i: i as i64, n: 0 }))
         .collect();

@@ -163,6 +163,8 @@ pub(super) async fn start_engine(
 ) -> R<Engine> {
     let t = tracker.clone();
     Ok(Engine::builder(pool.clone())
+        .with_pooler(cfg.pooler)
+        .with_listener(cfg.listener.clone())
         .queue_with(
             "bench",
             QueueConfig::new(cfg.concurrency)

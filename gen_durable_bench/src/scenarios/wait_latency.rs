@@ -23,7 +23,7 @@ pub(super) async fn wait_latency(b: &Bench) -> R<Report> {
     let samples = if b.smoke() { 10 } else { 200 };
     b.clean().await?;
     let pool = b.pool(b.args.pool, false).await?;
-    let client = Client::new(pool.clone());
+    let client = b.client(&pool);
     let keyed = |i: usize| {
         Entry::<Waiter>::new(BenchState { i: i as i64, n: 0 }).correlation_key(format!("w:{i}"))
     };
@@ -33,6 +33,8 @@ pub(super) async fn wait_latency(b: &Bench) -> R<Report> {
     let seen = committed.clone();
     let cfg = EngineCfg::from_args(b);
     let engine = Engine::builder(pool.clone())
+        .with_pooler(cfg.pooler)
+        .with_listener(cfg.listener.clone())
         .queue_with(
             "bench",
             QueueConfig::new(cfg.concurrency).with_prefetch(cfg.prefetch),
