@@ -63,6 +63,9 @@ pub(crate) async fn curve(
         "five_step" => true,
         other => return Err(format!("--processes runs drain and five_step, not {other}").into()),
     };
+    if b.args.pooler_url.is_some() || b.args.listener.is_some() {
+        return Err("--processes does not pass --pooler-url or --listener to its workers".into());
+    }
     let counts = &b.args.processes;
     let cfg = EngineCfg::from_args(b);
     let runs = b.args.runs.max(1);
