@@ -203,8 +203,7 @@ async fn a_pooled_engine_must_not_listen_through_the_pooler() {
         .queue("p", 1)
         .start()
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(&e, gen_durable::Error::InvalidConfig(m) if m.contains("WakeListener")),
         "{e}"
