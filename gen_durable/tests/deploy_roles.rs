@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cli_support::gd;
 use gen_durable::prelude::*;
-use gen_durable::Error;
+use gen_durable::{Error, Settled};
 use gen_durable_testkit::pg::direct_options;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -159,6 +159,14 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
     let b = gd.insert::<Paid>(Order { n: 2 }).await.unwrap();
     let parked = gd.insert::<Paid>(Order { n: 3 }).await.unwrap();
     gd.cancel(b).await.unwrap();
+    // A cancel that finds the step running fails the instance when the step ends.
+    let cancelled = gd
+        .wait(b)
+        .until_terminal()
+        .timeout(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(matches!(cancelled, Settled::Failed(_)), "{cancelled:?}");
     gd.retry(b).await.unwrap();
     // A signal sent before the instance parks waits in its inbox for the await.
     gd.signal(Key("order:1"), "paid", json!({})).await.unwrap();
