@@ -3,4 +3,5 @@
 //! integration tests live in `tests/` and the runnable examples in `examples/`.
 
 pub mod fsms;
+pub mod scratch;
 pub mod worker;

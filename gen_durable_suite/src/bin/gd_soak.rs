@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use gen_durable::{Client, Entry, Error};
 use gen_durable_suite::fsms::{create_audit_table, Audited, Fan, Plan, WaitFan};
+use gen_durable_suite::scratch::create_scratch_db;
 use gen_durable_suite::worker::Args;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 /// A tiny deterministic generator (xorshift), so a run can be repeated with `--seed`.
@@ -237,20 +238,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pg_restarts = args.str("no-pg-restart").is_none();
     let mut rng = Rng(args.num("seed", 0x5eed) | 1);
 
-    let server = args
-        .str("database-url")
-        .map(str::to_string)
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let server_opts: PgConnectOptions = server.parse()?;
-    let mut admin = server_opts.connect().await?;
-    sqlx::query("DROP DATABASE IF EXISTS gen_durable_soak WITH (FORCE)")
-        .execute(&mut admin)
-        .await?;
-    sqlx::query("CREATE DATABASE gen_durable_soak")
-        .execute(&mut admin)
-        .await?;
-    let (base, _) = server
+    // Bound for the whole run: its admin connection stays open, as it always has.
+    let scratch = create_scratch_db(&args, "gen_durable_soak").await?;
+    let (base, _) = scratch
+        .server
         .rsplit_once('/')
         .ok_or("DATABASE_URL needs a database part")?;
     let url = format!("{base}/gen_durable_soak");
