@@ -299,7 +299,12 @@ impl Client {
         found.answer(id)
     }
 
-    /// Makes a `failed` instance runnable again at the step it failed in, with `attempt` 0.
+    /// Makes a `failed` instance run again at the step it failed in, with `attempt` 0.
+    ///
+    /// If that step was woken by a signal (or was cancelled while it awaited one), the
+    /// instance awaits its signals again, with no deadline: the failure deleted its inbox,
+    /// and the step would otherwise run with nothing awaited, as if its await had timed
+    /// out. A step woken by its await's timeout runs again at once, as it did then.
     ///
     /// A child is retried only while its parent still waits for its children (it then
     /// waits for this one again); once the parent has gone on, the retry is refused with

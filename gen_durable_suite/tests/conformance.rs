@@ -116,6 +116,9 @@ conformance! {
     scheduling::cancel_fails_a_parked_instance_and_its_children,
     scheduling::cancelling_a_child_counts_its_parent_down,
     scheduling::retry_runs_a_failed_instance_again,
+    scheduling::a_retry_after_a_cancel_while_parked_awaits_again,
+    scheduling::a_retry_of_a_failed_step_woken_by_a_signal_awaits_again,
+    scheduling::a_retry_of_a_failed_step_woken_by_its_timeout_runs_it_again,
     scheduling::retry_refuses_a_unique_key_taken_meanwhile,
     scheduling::one_partition_never_runs_two_steps_at_once,
 }

@@ -275,9 +275,15 @@ async fn operations_by_id_name_their_shard() {
         matches!(b_now, Settled::Parked { .. }),
         "the other shard's instance of the same id is untouched: {b_now:?}"
     );
-    // A retry reaches the cancelled instance (it runs its next step, which finds no
-    // signal), and a signal by id the parked one on the other shard.
+    // A retry reaches the cancelled instance (it awaits its signal again), and a signal by
+    // id each instance on its own shard.
     gd.retry(a).await.unwrap();
+    let a_parked = gd.wait_id(a).unwrap().timeout(WAIT).await.unwrap();
+    assert!(matches!(a_parked, Settled::Parked { .. }), "{a_parked:?}");
+    gd.signal_id(a, "go", json!({ "v": "a" }))
+        .unwrap()
+        .await
+        .unwrap();
     let a_done = gd
         .wait_id(a)
         .unwrap()
@@ -285,7 +291,7 @@ async fn operations_by_id_name_their_shard() {
         .timeout(WAIT)
         .await
         .unwrap();
-    assert_eq!(a_done, Settled::Done(json!({ "v": null })));
+    assert_eq!(a_done, Settled::Done(json!({ "v": "a" })));
     gd.signal_id(b, "go", json!({ "v": "b" }))
         .unwrap()
         .await

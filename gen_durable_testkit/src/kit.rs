@@ -239,8 +239,8 @@ impl TestKit {
         ready(self.store.cancel(id, now).answer(id))
     }
 
-    /// Makes a failed instance runnable again at its step, now, with `attempt` 0, like
-    /// `Client::retry`. `NotFound` for an unknown id, `WrongStatus` unless it is
+    /// Makes a failed instance run again at its step, now, with `attempt` 0 — awaiting its
+    /// signals again if the step was woken by one — like `Client::retry`. `NotFound` for an unknown id, `WrongStatus` unless it is
     /// `failed`, `ParentMovedOn` for a child whose parent no longer waits for it,
     /// `Duplicate` if its unique key was taken since it failed.
     pub fn retry(&mut self, id: i64) -> Ready<Result<()>> {

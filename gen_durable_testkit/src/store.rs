@@ -416,6 +416,8 @@ impl Store {
                 row.await_deadline = timeout.map(|t| after(now, t));
             }
             Outcome::Replay { .. } => {}
+            // A failure keeps what the step was woken for: its retry awaits it again.
+            Outcome::Stop { .. } => row.await_deadline = None,
             _ => {
                 row.awaits.clear();
                 row.await_deadline = None;
@@ -536,9 +538,10 @@ impl Store {
         }
     }
 
-    /// RETRY: a failed instance is runnable again at the step it failed in, now, with
-    /// `attempt` and `reaps` reset and nothing awaited — or awaits its children again if some are
-    /// still live (`children_pending` recounted). A child is retried only while its
+    /// RETRY: a failed instance goes back to where the step it failed in began, now, with
+    /// `attempt` and `reaps` reset: it awaits its children again if some are still live
+    /// (`children_pending` recounted), awaits its signals again if the step was woken by
+    /// one (`awaits` kept; the failure deleted the inbox), else it is runnable. A child is retried only while its
     /// parent awaits its children, and re-arms it. `KeyTaken` if its unique key was taken
     /// meanwhile (the guard's unique index refuses the update).
     pub(crate) fn retry(&mut self, id: i64, now: DateTime<Utc>) -> RetryFound {
@@ -558,7 +561,22 @@ impl Store {
             }
             None => None,
         };
-        if let Some(key) = guard(&row.unique_key, &row.unique_scope, Status::Runnable) {
+        let live = self
+            .children(id)
+            .filter(|c| !c.status.is_terminal())
+            .count() as i32;
+        let signalled = self
+            .signals
+            .values()
+            .any(|s| s.target == id && row.awaits.contains(&s.signal.name));
+        let status = if live > 0 {
+            Status::AwaitingChildren
+        } else if !row.awaits.is_empty() && !signalled {
+            Status::AwaitingSignal
+        } else {
+            Status::Runnable
+        };
+        if let Some(key) = guard(&row.unique_key, &row.unique_scope, status) {
             if self
                 .rows
                 .values()
@@ -567,20 +585,11 @@ impl Store {
                 return RetryFound::KeyTaken;
             }
         }
-        let live = self
-            .children(id)
-            .filter(|c| !c.status.is_terminal())
-            .count() as i32;
         let row = self.rows.get_mut(&id).expect("checked above");
-        row.status = if live > 0 {
-            Status::AwaitingChildren
-        } else {
-            Status::Runnable
-        };
+        row.status = status;
         row.attempt = 0;
         row.reaps = 0;
         row.children_pending = live;
-        row.awaits.clear();
         row.await_deadline = None;
         row.eligible_at = now;
         if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {

@@ -254,6 +254,21 @@ test_fsm!(Flaky, state = S, queue = "conf", version = 1, {
     },
 });
 
+// Awaits "go" (for an hour at most), then fails until the tag's log holds "fixed": a
+// step woken by a signal, or by its timeout, that fails — the instance to retry.
+test_fsm!(FlakyAfterAwait, state = S, queue = "conf", version = 1, {
+    Park => "park" |_ctx| {
+        Ok(Step::await_signal(["go"], FlakyAfterAwait::Use).timeout(Duration::from_secs(3600)))
+    },
+    Use => "use" |ctx| {
+        if !logged(&ctx.state.tag).iter().any(|l| l == "fixed") {
+            return Err(StepError::new("payment service down"));
+        }
+        let v = ctx.awaited().first().map(|s| s.payload()["v"].clone());
+        Ok(Step::done(json!({ "v": v, "awaited": ctx.awaited().len() })))
+    },
+});
+
 // Three steps on the concurrent queue, each yielding while it runs, so that two
 // instances of one partition would overlap if the engine let them.
 test_fsm!(Parted, state = S, queue = "par", version = 1, {
@@ -299,6 +314,7 @@ pub fn registry() -> Registry {
     r.register::<Holder>();
     r.register::<Mixed>();
     r.register::<Flaky>();
+    r.register::<FlakyAfterAwait>();
     r.register::<Parted>();
     r.register::<KeyedParent>();
     r

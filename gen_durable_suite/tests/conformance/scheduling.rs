@@ -241,6 +241,78 @@ pub async fn retry_runs_a_failed_instance_again<B: Backend>(b: &mut B) {
     assert!(matches!(b.retry(id).await, Err(Error::WrongStatus { .. })));
 }
 
+/// A retry puts an instance back where its failed step began: cancelled while parked, it
+/// awaits its signal again (the cancel deleted its inbox) instead of running the step the
+/// signal was for with nothing awaited.
+pub async fn a_retry_after_a_cancel_while_parked_awaits_again<B: Backend>(b: &mut B) {
+    let id = b
+        .insert::<Waiter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(id).await.assert_status(Status::AwaitingSignal);
+    b.cancel(id).await.unwrap();
+    b.get(id).await.assert_failed("cancelled");
+    b.retry(id).await.unwrap();
+    let i = b.get(id).await;
+    i.assert_status(Status::AwaitingSignal).assert_step("use");
+    assert_eq!(i.awaits, vec!["go".to_string()]);
+    assert_eq!(b.run().await.steps, 0, "nothing runs before the signal");
+    b.signal(id, "go", json!({ "v": 7 })).await.unwrap();
+    b.run().await;
+    b.get(id)
+        .await
+        .assert_done(json!({ "v": 7, "attempt": 0, "awaited": 1 }));
+}
+
+/// A step woken by a signal that fails: its retry awaits a signal again (the failure
+/// deleted the inbox), and runs on the next one.
+pub async fn a_retry_of_a_failed_step_woken_by_a_signal_awaits_again<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let id = b
+        .insert::<FlakyAfterAwait>(S::tagged(&tag), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.signal(id, "go", json!({ "v": 1 })).await.unwrap();
+    b.run().await;
+    b.get(id).await.assert_failed("payment service down");
+    log(&tag, "fixed");
+    b.retry(id).await.unwrap();
+    b.get(id)
+        .await
+        .assert_status(Status::AwaitingSignal)
+        .assert_step("use");
+    assert_eq!(b.run().await.steps, 0, "nothing runs before the signal");
+    b.signal(id, "go", json!({ "v": 2 })).await.unwrap();
+    b.run().await;
+    b.get(id).await.assert_done(json!({ "v": 2, "awaited": 1 }));
+}
+
+/// A step woken by its await's timeout that fails: its retry runs it again at once, as the
+/// timeout did (nothing awaited).
+pub async fn a_retry_of_a_failed_step_woken_by_its_timeout_runs_it_again<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let id = b
+        .insert::<FlakyAfterAwait>(S::tagged(&tag), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.advance(Duration::from_secs(3601)).await;
+    b.run().await;
+    b.get(id).await.assert_failed("payment service down");
+    log(&tag, "fixed");
+    b.retry(id).await.unwrap();
+    b.get(id)
+        .await
+        .assert_status(Status::Runnable)
+        .assert_step("use");
+    b.run().await;
+    b.get(id)
+        .await
+        .assert_done(json!({ "v": null, "awaited": 0 }));
+}
+
 pub async fn retry_refuses_a_unique_key_taken_meanwhile<B: Backend>(b: &mut B) {
     let key = format!("{}:nightly", b.tag());
     let first = b

@@ -103,10 +103,12 @@ pub(crate) async fn cancel(
 }
 
 /// A retry in one statement. `locked` takes the instance and its parent in id order (the
-/// parent's id is the smaller). A failed instance runs again at its step with a fresh
-/// attempt count — or, if it still has live children (a cancelled parent whose running
-/// child has not stopped yet), awaits them again: `children_pending` is recounted from the
-/// rows. A child is retried only while its parent awaits its children, and re-arms it
+/// parent's id is the smaller). A failed instance goes back to where the step it failed in
+/// began, with a fresh attempt count: if it still has live children (a cancelled parent
+/// whose running child has not stopped yet), it awaits them again (`children_pending`
+/// recounted from the rows); if the step was woken by a signal (`awaits` is kept on
+/// failure), it awaits one again — its inbox went with the failure — unless one is in;
+/// else it is runnable. A child is retried only while its parent awaits its children, and re-arms it
 /// (the parent waits for this child again); once the parent has read the child's outcome
 /// and gone on, nothing changes (a retried child would end with nobody counting it). A
 /// parent already collected waits for nothing.
@@ -127,9 +129,13 @@ WITH locked AS MATERIALIZED (
 ), retried AS (
     UPDATE gd_instances i
        SET status = (CASE WHEN l.live > 0 THEN 'awaiting_children'
+                          WHEN cardinality(i.awaits) > 0 AND NOT EXISTS (
+                              SELECT 1 FROM gd_signals s
+                               WHERE s.target_id = i.id AND s.name = ANY (i.awaits))
+                          THEN 'awaiting_signal'
                           ELSE 'runnable' END)::gd_status,
            children_pending = l.live,
-           attempt = 0, reaps = 0, cancel_requested = false, awaits = '{}',
+           attempt = 0, reaps = 0, cancel_requested = false,
            await_deadline = NULL, locked_by = NULL, lease_expires_at = NULL,
            eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
       FROM go,
