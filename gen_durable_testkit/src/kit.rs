@@ -458,47 +458,57 @@ impl TestKit {
             .collect()
     }
 
-    /// Panics unless `id` is `done` with exactly `result`; the message shows its status,
-    /// step and last error.
+    /// A snapshot of the instance `to` names: by id, or by key as [`TestKit::instance_by_key`].
+    /// Panics if there is none.
     #[track_caller]
-    pub fn assert_done(&self, id: i64, result: impl Into<Value>) -> Instance {
-        let i = self.instance(id);
+    pub fn instance_of(&self, to: impl Into<Target>) -> Instance {
+        match to.into() {
+            Target::Id(id) => self.instance(id),
+            Target::Key(key) => self.instance_by_key(&key),
+        }
+    }
+
+    /// Panics unless `to` (an id or a [`Key`](gen_durable::Key)) is `done` with exactly
+    /// `result`; the message shows its status, step and last error.
+    #[track_caller]
+    pub fn assert_done(&self, to: impl Into<Target>, result: impl Into<Value>) -> Instance {
+        let i = self.instance_of(to);
         i.assert_done(result);
         i
     }
 
-    /// Panics unless `id` is `failed` with a `last_error` containing `message`.
+    /// Panics unless `to` is `failed` with a `last_error` containing `message`.
     #[track_caller]
-    pub fn assert_failed(&self, id: i64, message: &str) -> Instance {
-        let i = self.instance(id);
+    pub fn assert_failed(&self, to: impl Into<Target>, message: &str) -> Instance {
+        let i = self.instance_of(to);
         i.assert_failed(message);
         i
     }
 
-    /// Panics unless `id` is parked in `awaiting_signal` on exactly `names`.
+    /// Panics unless `to` is parked in `awaiting_signal` on exactly `names`.
     #[track_caller]
-    pub fn assert_awaiting<I, S>(&self, id: i64, names: I) -> Instance
+    pub fn assert_awaiting<I, S>(&self, to: impl Into<Target>, names: I) -> Instance
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let i = self.instance(id);
+        let i = self.instance_of(to);
         i.assert_awaiting(names);
         i
     }
 
-    /// Panics unless `id` is at step `step`.
+    /// Panics unless `to` is at step `step`.
     #[track_caller]
-    pub fn assert_step(&self, id: i64, step: &str) -> Instance {
-        let i = self.instance(id);
+    pub fn assert_step(&self, to: impl Into<Target>, step: &str) -> Instance {
+        let i = self.instance_of(to);
         i.assert_step(step);
         i
     }
 
-    /// Panics unless `id` is in `status`.
+    /// Panics unless `to` is in `status`.
     #[track_caller]
-    pub fn assert_status(&self, id: i64, status: Status) -> Instance {
-        let i = self.instance(id);
+    pub fn assert_status(&self, to: impl Into<Target>, status: Status) -> Instance {
+        let i = self.instance_of(to);
         i.assert_status(status);
         i
     }

@@ -89,6 +89,8 @@ pub trait Backend {
     /// Runs every due step until nothing is due; what was committed.
     async fn run(&mut self) -> Tally;
     async fn get(&mut self, id: i64) -> Instance;
+    /// The instance holding `key`, or once none does the newest one inserted with it.
+    async fn get_by_key(&mut self, key: &str) -> Instance;
     /// Overwrites the stored state with raw JSON (a state an older type wrote).
     async fn overwrite_state(&mut self, id: i64, state: Value);
     /// The committed kinds of `id`, from the `step.stop` events.
@@ -185,6 +187,9 @@ impl Backend for Kit {
     }
     async fn run(&mut self) -> Tally {
         self.kit.run_until_idle().await
+    }
+    async fn get_by_key(&mut self, key: &str) -> Instance {
+        self.kit.instance_by_key(key)
     }
     async fn get(&mut self, id: i64) -> Instance {
         self.kit.instance(id)
@@ -410,6 +415,12 @@ impl Backend for Pg {
             tally.record(kind);
         }
         tally
+    }
+    async fn get_by_key(&mut self, key: &str) -> Instance {
+        Instance::load_by_key(self.db.direct(), key)
+            .await
+            .expect("load instance by key")
+            .unwrap_or_else(|| panic!("no instance with the key {key:?}"))
     }
     async fn get(&mut self, id: i64) -> Instance {
         Instance::load(self.db.direct(), id)

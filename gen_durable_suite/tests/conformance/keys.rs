@@ -235,3 +235,90 @@ pub async fn a_retry_whose_key_was_taken_meanwhile_is_a_duplicate<B: Backend>(b:
     let d = b.signal(Key("taken"), "go", json!({})).await.unwrap();
     assert_eq!(d.id, second);
 }
+
+pub async fn insert_all_rows_are_addressed_by_their_keys<B: Backend>(b: &mut B) {
+    let rows = (0..3)
+        .map(|i| {
+            (
+                S::default(),
+                Opts::default().correlation_key(format!("batch:{i}")),
+            )
+        })
+        .collect();
+    let ids = b.insert_all::<Waiter>(rows).await.unwrap();
+    b.run().await;
+    let d = b
+        .signal(Key("batch:1"), "go", json!({ "v": 1 }))
+        .await
+        .unwrap();
+    assert_eq!((d.id, d.woke), (ids[1], true), "{d:?}");
+    b.run().await;
+    b.get(ids[1])
+        .await
+        .assert_done(json!({ "v": 1, "attempt": 0, "awaited": 1 }));
+    for at in [ids[0], ids[2]] {
+        b.get(at).await.assert_awaiting(["go"]);
+    }
+}
+
+/// Lookup by key: the holder while one holds it, then the newest row inserted with the
+/// key (so a finished instance is still found and asserted on by its key), then a new
+/// holder.
+pub async fn an_instance_is_looked_up_and_asserted_by_its_key<B: Backend>(b: &mut B) {
+    let first = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("lookup"))
+        .await
+        .unwrap();
+    b.run().await;
+    let held = b.get_by_key("lookup").await;
+    assert_eq!(held.id, first);
+    held.assert_awaiting(["go"]);
+    b.signal(Key("lookup"), "go", json!({ "v": 3 }))
+        .await
+        .unwrap();
+    b.run().await;
+    let finished = b.get_by_key("lookup").await;
+    assert_eq!(finished.id, first, "no holder: the newest row with the key");
+    finished.assert_done(json!({ "v": 3, "attempt": 0, "awaited": 1 }));
+    let second = b
+        .insert::<Waiter>(S::default(), Opts::default().correlation_key("lookup"))
+        .await
+        .unwrap();
+    assert_eq!(b.get_by_key("lookup").await.id, second);
+}
+
+/// With `failed` in its scope, a failed holder keeps its key: a signal to it is
+/// `Finished` (nothing stored) and a new insert with the key a `Duplicate`.
+pub async fn a_failed_holder_with_failed_in_scope_is_finished<B: Backend>(b: &mut B) {
+    let scope = [
+        Status::Runnable,
+        Status::Executing,
+        Status::AwaitingSignal,
+        Status::AwaitingChildren,
+        Status::Failed,
+    ];
+    let id = b
+        .insert::<Plain>(
+            S::default(),
+            Opts::default()
+                .correlation_key("strict")
+                .correlation_scope(scope),
+        )
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(id).await.assert_failed("bad input");
+    let e = b.signal(Key("strict"), "go", json!({})).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Finished { id: x, status } if *x == id && status == "failed"),
+        "{e}"
+    );
+    let again = b
+        .insert::<Plain>(S::default(), Opts::default().correlation_key("strict"))
+        .await;
+    assert!(
+        matches!(&again, Err(Error::Duplicate { key }) if key == "strict"),
+        "{again:?}"
+    );
+    b.get(id).await.assert_inbox(Vec::<&str>::new());
+}

@@ -4,7 +4,7 @@
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use gen_durable::{Child, Entry, Event, Step, StepError};
+use gen_durable::{Child, Entry, Event, Key, Status, Step, StepError};
 use gen_durable_testkit::{Instance, Tally, TestKit};
 use serde_json::json;
 
@@ -164,6 +164,37 @@ async fn assertion_failures_show_status_step_and_last_error() {
     );
     kit.assert_failed(id, "bad input");
     kit.assert_awaiting(w, ["go"]).assert_step("use");
+}
+
+#[tokio::test]
+async fn the_kit_asserts_by_key() {
+    let mut kit = kit();
+    let id = kit
+        .insert::<Waiter>(S::default())
+        .correlation_key("order:7")
+        .await
+        .unwrap();
+    kit.run_until_idle().await;
+    kit.assert_awaiting(Key("order:7"), ["go"])
+        .assert_step("use");
+    kit.signal(Key("order:7"), "go", json!({ "v": 1 }))
+        .await
+        .unwrap();
+    kit.run_until_idle().await;
+    // Finished and the key freed: found as the newest row inserted with it.
+    let done = kit.assert_done(
+        Key("order:7"),
+        json!({ "v": 1, "attempt": 0, "awaited": 1 }),
+    );
+    assert_eq!(done.id, id);
+    kit.assert_status(Key("order:7"), Status::Done);
+    let msg = panic_message(|| {
+        kit.assert_done(Key("order:8"), json!(null));
+    });
+    assert!(
+        msg.contains("no instance in this TestKit has the key \"order:8\""),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
