@@ -157,7 +157,7 @@ async fn request(
     addr: std::net::SocketAddr,
     method: &str,
     path: &str,
-) -> std::io::Result<(u16, String)> {
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect(addr).await?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -170,8 +170,8 @@ async fn request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    Ok((code, body))
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    Ok((code, head.to_ascii_lowercase(), body.to_string()))
 }
 
 #[tokio::main]
@@ -203,21 +203,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::signal::ctrl_c().await?;
     } else {
         for n in 1..=orders {
-            let (code, body) = request(addr, "POST", &format!("/orders/{n}")).await?;
+            let (code, head, body) = request(addr, "POST", &format!("/orders/{n}")).await?;
             println!("POST /orders/{n}      -> {code} {body}");
             assert_eq!(code, 202, "a new order waits for its payment");
-            let (code, _) = request(addr, "POST", &format!("/orders/{n}")).await?;
+            assert!(
+                head.contains("\r\nretry-after: 1"),
+                "a 202 says when to ask again"
+            );
+            let (code, _, _) = request(addr, "POST", &format!("/orders/{n}")).await?;
             assert_eq!(code, 409, "the key is held while the order lives");
-            let (code, body) = request(addr, "POST", &format!("/orders/{n}/pay")).await?;
+            let (code, _, body) = request(addr, "POST", &format!("/orders/{n}/pay")).await?;
             println!("POST /orders/{n}/pay  -> {code} {body}");
             assert_eq!(code, 200, "paid: the handler answers with the result");
         }
         // A finished order is still found by its key (the newest row that had it).
-        let (code, body) = request(addr, "GET", "/orders/1").await?;
+        let (code, _, body) = request(addr, "GET", "/orders/1").await?;
         println!("GET  /orders/1      -> {code} {body}");
         assert_eq!(code, 200);
         let unknown = orders + 1;
-        let (code, _) = request(addr, "POST", &format!("/orders/{unknown}/pay")).await?;
+        let (code, _, _) = request(addr, "POST", &format!("/orders/{unknown}/pay")).await?;
         println!("POST /orders/{unknown}/pay  -> {code} (no such order)");
         assert_eq!(code, 404);
     }

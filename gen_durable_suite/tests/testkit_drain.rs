@@ -58,9 +58,23 @@ async fn drain_runs_children_scheduled_rows_and_timeouts_and_lookups_work_by_key
         .await
         .unwrap();
 
+    // A drain of another queue runs nothing of queue "d".
+    let other = drain(pool)
+        .with_registry(registry())
+        .queue("elsewhere")
+        .await
+        .unwrap();
+    assert_eq!(other.steps, 0);
+    Instance::load_by_key(pool, "parent:1")
+        .await
+        .unwrap()
+        .unwrap()
+        .assert_status(Status::Runnable);
+
     // Without pulling scheduled rows forward, the scheduled leaf stays.
     let tally = drain(pool)
         .with_registry(registry())
+        .queue("d")
         .with_scheduled(false)
         .await
         .unwrap();
