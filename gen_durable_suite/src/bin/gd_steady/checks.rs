@@ -54,8 +54,8 @@ impl Figures {
         let (p50_first, p50_last) = (first.quantile_ms(0.50), last.quantile_ms(0.50));
         let p99_ratio = p99_last / p99_first.max(1e-3);
         let end = reports.last().cloned().unwrap_or_default();
-        let ref_at =
-            w.max((cfg.retention + cfg.collector_secs + run.vacuum_secs + cfg.report_secs) as f64);
+        let ref_at = (cfg.warmup_secs as f64 + w)
+            .max((cfg.retention + cfg.collector_secs + run.vacuum_secs + cfg.report_secs) as f64);
         let refr = reports
             .iter()
             .find(|r| r.t >= ref_at - 0.5)

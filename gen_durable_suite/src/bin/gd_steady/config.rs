@@ -10,6 +10,8 @@ pub(crate) struct Config {
     pub(crate) seconds: u64,
     pub(crate) report_secs: u64,
     pub(crate) window_secs: u64,
+    /// `--warmup-secs`: the first window starts after it (default 0).
+    pub(crate) warmup_secs: u64,
     pub(crate) retention: u64,
     pub(crate) collector_secs: u64,
     pub(crate) concurrency: usize,
@@ -59,6 +61,7 @@ impl Config {
             seconds,
             report_secs,
             window_secs,
+            warmup_secs: args.num("warmup-secs", 0),
             retention: args.num("retention-secs", 30),
             collector_secs: args.num("collector-secs", 5),
             concurrency: args.num("concurrency", 32) as usize,
@@ -78,6 +81,9 @@ impl Config {
         };
         if rate == 0 || seconds == 0 || report_secs == 0 {
             return Err("--rate, --seconds and --report-secs must be positive".into());
+        }
+        if cfg.warmup_secs + 2 * cfg.window_secs > seconds {
+            return Err("--warmup-secs + 2 × --window-secs must fit in --seconds".into());
         }
         Ok(cfg)
     }

@@ -41,7 +41,8 @@
 //! in `gd_instances`, `pg_total_relation_size` of `gd_instances` (heap+indexes) and of
 //! `gd_signals`, `n_dead_tup` of each, and the node's RSS. At the end: the first and the
 //! last window (`--window-secs`, default 300 s; `--seconds / 4` when the run is shorter
-//! than 30 minutes), by completion time, compared; `pg_stat_user_tables` of both tables
+//! than 30 minutes), by completion time, compared — the first one starting after
+//! `--warmup-secs` (default 0), so that a fresh database's first minutes can be left out; `pg_stat_user_tables` of both tables
 //! (updates, HOT updates, deletes, vacuums) and `pgstattuple`/`pgstatindex` when the
 //! extension is available; a markdown table of the reports; a JSON summary.
 //!
@@ -143,6 +144,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shared = Arc::new(Shared {
         t0: Instant::now(),
         window: Duration::from_secs(cfg.window_secs),
+        warmup: Duration::from_secs(cfg.warmup_secs),
         end: Duration::from_secs(cfg.seconds),
         tally: Mutex::default(),
         insert_errors: AtomicU64::new(0),

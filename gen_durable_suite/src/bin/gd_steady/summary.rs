@@ -42,6 +42,7 @@ pub(crate) fn print(
         rate,
         seconds,
         window_secs,
+        warmup_secs,
         ..
     } = *cfg;
     let Run {
@@ -83,9 +84,10 @@ pub(crate) fn print(
         );
     }
     println!(
-        "steady: first window [0, {w:.0}s): {thr_first:.1}/s, p50 {p50_first:.1} ms, p99 {p99_first:.1} ms; \
+        "steady: first window [{warmup_secs}s, {:.0}s): {thr_first:.1}/s, p50 {p50_first:.1} ms, p99 {p99_first:.1} ms; \
          last window [{:.0}s, {seconds}s): {thr_last:.1}/s, p50 {p50_last:.1} ms, p99 {p99_last:.1} ms; \
          ratios last/first: throughput {:.3}, p99 {p99_ratio:.3}",
+        warmup_secs as f64 + w,
         seconds as f64 - w,
         thr_last / thr_first.max(1e-9)
     );
@@ -101,7 +103,7 @@ pub(crate) fn print(
             .join(", ")
     );
     let summary = json!({
-        "rate": rate, "seconds": seconds, "window_secs": window_secs,
+        "rate": rate, "seconds": seconds, "window_secs": window_secs, "warmup_secs": warmup_secs,
         "inserted": inserted, "completed": completed, "failed": failed,
         "first": { "per_sec": thr_first, "p50_ms": p50_first, "p99_ms": p99_first },
         "last": { "per_sec": thr_last, "p50_ms": p50_last, "p99_ms": p99_last },

@@ -30,6 +30,8 @@ pub(crate) struct Tally {
 pub(crate) struct Shared {
     pub(crate) t0: Instant,
     pub(crate) window: Duration,
+    /// The first window starts after it.
+    pub(crate) warmup: Duration,
     pub(crate) end: Duration,
     pub(crate) tally: Mutex<Tally>,
     pub(crate) insert_errors: AtomicU64,
@@ -62,7 +64,7 @@ impl Shared {
         let when = at - self.t0;
         t.completed += 1;
         t.interval.add(us);
-        if when < self.window {
+        if when >= self.warmup && when < self.warmup + self.window {
             t.first.add(us);
         }
         if when >= self.end.saturating_sub(self.window) && when < self.end {
