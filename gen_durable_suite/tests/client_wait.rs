@@ -139,8 +139,34 @@ async fn a_wait_past_its_deadline_is_busy_and_a_missing_row_gone() {
     db.close().await;
 }
 
+/// Polls `sql` (a boolean) on `conn` every 5 ms until it holds, or panics after 30 s.
+async fn until(conn: &mut sqlx::PgConnection, what: &str, sql: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sqlx::query_scalar::<_, bool>(sql)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+    {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The engine runs in another process (`gd_worker`): this client waits by key, without an
-/// engine of its own, and its probe sees the other process's commit.
+/// engine of its own, and its probe sees the other process's commit — promptly.
+///
+/// The latency bound. In `gen_durable/src/wait.rs`, `DEFAULT_WAIT_TICK` is 25 ms (the
+/// probe's `SELECT … WHERE id = ANY($1)` runs once a tick while someone waits) and a
+/// waiter re-reads its row every `RECHECK_TICKS` = 40 ticks, 1 s, whatever the probe
+/// does. So the worker's last step is held at a lock until the wait is in place and its
+/// probe is seen running; the clock starts when the lock is let go and stops when `wait`
+/// returns `Done`. What lies between: the worker finishing its step and committing `done`
+/// (its own wake-up latency is not included: it is already in the step), at most one
+/// tick, the probe's statement, and the wait's re-read of the row — about 30 ms idle.
+/// 400 ms leaves room for a loaded 2-core machine, and is well short of the re-read:
+/// the wait read its row first before the probe was seen, so its re-read is due almost
+/// 1 s after the release. A probe that never ran fails the poll for it; one that ran but
+/// woke nobody leaves the answer to the re-read, past both bounds asserted here.
 #[tokio::test]
 async fn a_wait_sees_the_commit_of_an_engine_in_another_process() {
     let db = TestDb::new().await;
@@ -160,14 +186,76 @@ async fn a_wait_sees_the_commit_of_an_engine_in_another_process() {
         .await
         .unwrap();
     assert!(matches!(parked, Settled::Parked { .. }), "{parked:?}");
-    gd.signal(Key("remote:1"), "go", json!({})).await.unwrap();
-    let done = gd
-        .wait(id)
-        .until_terminal()
-        .timeout(Duration::from_secs(30))
+
+    // The worker's step after the signal writes to gd_audit: hold that table, so the
+    // step stops there, before its commit.
+    let mut gate = db.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE gd_audit IN SHARE MODE")
+        .execute(&mut *gate)
         .await
         .unwrap();
-    assert_eq!(done, Settled::Done(json!({ "awaited": 1 })));
+    gd.signal(Key("remote:1"), "go", json!({})).await.unwrap();
+    // A connection of our own (the client's probe never runs on it) to watch the others.
+    let mut watch = db.pool().acquire().await.unwrap();
+    until(
+        &mut watch,
+        "the worker's step to wait on gd_audit",
+        "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                         WHERE d.datname = current_database() AND NOT l.granted
+                           AND l.relation = 'gd_audit'::regclass)",
+    )
+    .await;
+
+    // A probe statement started after this was run for this wait (see below).
+    let before: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(&mut *watch)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let waiting = tokio::spawn({
+        let gd = gd.clone();
+        async move {
+            let done = gd
+                .wait(id)
+                .until_terminal()
+                .timeout(Duration::from_secs(30))
+                .await;
+            (done, Instant::now())
+        }
+    });
+    // The wait registers before its first read, and the probe runs its statement only
+    // while someone is registered. The first wait above ended before `before`, so a probe
+    // statement started since then ran for this wait: it is in, and its probe is live.
+    until(
+        &mut watch,
+        "the client's probe to run for this wait",
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                             WHERE datname = current_database() AND pid <> pg_backend_pid()
+                               AND query_start > '{before}'::timestamptz
+                               AND query LIKE '%FROM gd_instances WHERE id = ANY ($1)%')"
+        ),
+    )
+    .await;
+    let released = Instant::now();
+    gate.commit().await.unwrap();
+    let (done, answered) = waiting.await.unwrap();
+    assert_eq!(done.unwrap(), Settled::Done(json!({ "awaited": 1 })));
+    let latency = answered - released;
+    eprintln!(
+        "wait answered {latency:?} after the worker's step was let go ({:?} after the wait began)",
+        answered - started
+    );
+    assert!(
+        latency <= Duration::from_millis(400),
+        "the probe (25 ms) saw the other process's commit, not the re-read (1 s): {latency:?}"
+    );
+    assert!(
+        answered - started < Duration::from_secs(1),
+        "answered before the wait's first re-read was due: {:?}",
+        answered - started
+    );
+    drop(watch);
     drop(worker);
     db.close().await;
 }
