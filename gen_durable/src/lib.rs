@@ -85,6 +85,7 @@ mod pooler;
 mod registry;
 #[doc(hidden)]
 pub mod runtime;
+mod schedule;
 mod sharded;
 mod state;
 mod status;
@@ -102,6 +103,9 @@ pub mod cli;
 #[doc(hidden)]
 pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use answers::{Cancelled, Delivery};
+/// A time zone for [`Schedule::with_timezone`] (`chrono_tz::Tz`): `Tz::Europe__Paris`, or
+/// `"Europe/Paris".parse::<Tz>()`.
+pub use chrono_tz::Tz;
 pub use client::{
     Client, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
@@ -118,6 +122,7 @@ pub use migrate::migrate;
 pub use options::InsertOptions;
 pub use pooler::Pooler;
 pub use registry::{FsmEntry, Registry};
+pub use schedule::{fire_key, CatchUp, Schedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;

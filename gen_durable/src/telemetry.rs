@@ -140,6 +140,25 @@ pub enum Event {
         /// queue is woken).
         reconnect: bool,
     },
+    /// `schedule.fired`: a schedule's fire time inserted its instance.
+    ScheduleFired {
+        /// The schedule's name.
+        schedule: String,
+        /// The fire time.
+        fire_time: chrono::DateTime<chrono::Utc>,
+        /// The instance; `None` if its key was already held (inserted before).
+        id: Option<i64>,
+    },
+    /// `schedule.skipped`: fire times a schedule handled without an instance — left out
+    /// by its catch-up policy, or whose entry could not be built (`reason` says which).
+    ScheduleSkipped {
+        /// The schedule's name.
+        schedule: String,
+        /// Fire times skipped.
+        count: usize,
+        /// Why.
+        reason: String,
+    },
     /// `wait.stop`: a `Client::wait` returned.
     WaitStop {
         /// How long it waited.
@@ -235,6 +254,18 @@ impl Telemetry {
                 target: "gen_durable::timeouts", count, "await.timed_out"),
             Event::CollectorDeleted { count } => tracing::debug!(
                 target: "gen_durable::collector", count, "collector.deleted"),
+            Event::ScheduleFired {
+                schedule,
+                fire_time,
+                id,
+            } => tracing::info!(
+                target: "gen_durable::scheduler", schedule, %fire_time, id = ?id, "schedule.fired"),
+            Event::ScheduleSkipped {
+                schedule,
+                count,
+                reason,
+            } => tracing::warn!(
+                target: "gen_durable::scheduler", schedule, count, reason, "schedule.skipped"),
             Event::ListenerConnected { reconnect } => tracing::debug!(
                 target: "gen_durable::listener", reconnect, "listener.connected"),
             Event::WaitStop {

@@ -25,6 +25,48 @@ async fn status_of_an_empty_database() {
 }
 
 #[tokio::test]
+async fn status_lists_the_schedules_and_why_a_fire_was_skipped() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO gd_schedules (name, pattern, timezone, catch_up, next_fire, last_fire,
+                                   last_id, skipped, last_error)
+         VALUES ('nightly', '0 2 * * *', 'Europe/Paris', 'run_once',
+                 '2026-01-02T01:00:00Z', '2026-01-01T01:00:00Z', 42, 3, NULL),
+                ('broken', '* * * * *', 'UTC', 'skip', NULL, NULL, NULL, 1,
+                 'fire time 2026-01-01 00:01:00 UTC: invalid correlation_key')",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let out = gd_on(&db, &["status"]).expect(0).stdout;
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {out}"))
+            .to_string()
+    };
+    let nightly = line("nightly ");
+    assert!(
+        nightly.contains("0 2 * * *") && nightly.contains("Europe/Paris"),
+        "{nightly}"
+    );
+    assert!(
+        nightly.contains("run_once") && nightly.contains(" 42 "),
+        "{nightly}"
+    );
+    assert!(line("broken ").contains("never"), "{out}");
+    assert!(
+        out.contains("broken: last skipped fire: fire time 2026-01-01 00:01:00 UTC"),
+        "{out}"
+    );
+    let j = gd_on(&db, &["status", "--json"]).expect(0).json();
+    assert_eq!(j["schedules"][1]["name"], "nightly");
+    assert_eq!(j["schedules"][1]["last_id"], 42);
+    assert_eq!(j["schedules"][0]["skipped"], 1);
+    db.close().await;
+}
+
+#[tokio::test]
 async fn status_counts_lag_unrunnable_rows_expired_leases_and_nodes() {
     let db = TestDb::new().await;
     let p = db.pool();

@@ -54,6 +54,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "setup",
     "begin",
     "admin",
+    "schedule",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts

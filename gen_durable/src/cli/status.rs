@@ -31,6 +31,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
     let unrunnable = admin::unrunnable(&mut *tx, Some(now)).await?;
     let expired = admin::expired_leases(&mut *tx, Some(now)).await?;
     let nodes = admin::nodes(&mut *tx, Some(now)).await?;
+    let schedules = admin::schedules(&mut *tx).await?;
     tx.commit().await?;
 
     let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
@@ -61,6 +62,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         "expired_leases": expired,
         "nodes": nodes,
         "live_window_seconds": window,
+        "schedules": schedules,
     });
 
     let mut text = String::new();
@@ -157,6 +159,40 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
             ]);
         }
         text.push_str(&t.render());
+    }
+    if !schedules.is_empty() {
+        text.push_str("\nschedules:\n");
+        let mut t = Table::new([
+            "schedule",
+            "pattern",
+            "zone",
+            "catch-up",
+            "next fire",
+            "last fire",
+            "instance",
+            "skipped",
+        ]);
+        for s in &schedules {
+            t.row(vec![
+                s.name.clone(),
+                s.pattern.clone(),
+                s.timezone.clone(),
+                s.catch_up.clone(),
+                s.next_fire.as_ref().map_or("never".into(), table::time),
+                s.last_fire.as_ref().map_or("-".into(), table::time),
+                s.last_id.map_or("-".into(), |id| id.to_string()),
+                s.skipped.to_string(),
+            ]);
+        }
+        text.push_str(&t.render());
+        for s in schedules.iter().filter(|s| s.last_error.is_some()) {
+            let _ = writeln!(
+                text,
+                "  {}: last skipped fire: {}",
+                s.name,
+                s.last_error.as_deref().unwrap_or_default()
+            );
+        }
     }
     Ok(Output { json, text })
 }

@@ -17,6 +17,7 @@ use crate::engine::heartbeat::Heartbeat;
 use crate::engine::listener::{Listener, WakeListener};
 use crate::engine::picker::{Picker, Queue};
 use crate::engine::reaper::Reaper;
+use crate::engine::scheduler::Scheduler;
 use crate::engine::service;
 use crate::engine::shared::{Claims, Db, Shared};
 use crate::engine::timeouts::Timeouts;
@@ -26,6 +27,7 @@ use crate::fsm::Fsm;
 use crate::notify::Notifier;
 use crate::pooler::Pooler;
 use crate::registry::Registry;
+use crate::schedule::Schedule;
 use crate::telemetry::{Event, EventHandler, Telemetry};
 
 impl EngineBuilder {
@@ -37,6 +39,7 @@ impl EngineBuilder {
             clock: Clock::database(),
             registry: Registry::linked(),
             telemetry: Telemetry::default(),
+            schedules: Vec::new(),
         }
     }
 }
@@ -51,6 +54,7 @@ pub struct EngineBuilder {
     clock: Clock,
     registry: Registry,
     telemetry: Telemetry,
+    schedules: Vec<Schedule>,
 }
 
 impl EngineBuilder {
@@ -119,6 +123,22 @@ impl EngineBuilder {
     pub fn with_collector_schedule(mut self, every: Duration, batch: usize) -> Self {
         self.cfg.collector.interval = every;
         self.cfg.collector.batch = batch;
+        self
+    }
+
+    /// Adds a periodic schedule, fired by this engine (and by every other engine that
+    /// declares it: each fire time is inserted once across all of them). See [`Schedule`].
+    /// Two schedules of one name are refused at `start`.
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// The longest the scheduler sleeps between checks (default 10 s). It sleeps until the
+    /// next fire time when that comes sooner; this bounds how late it sees a schedule
+    /// another node changed, or a manual clock moved.
+    pub fn with_schedule_wait(mut self, wait: Duration) -> Self {
+        self.cfg.scheduler.max_wait = wait;
         self
     }
 
@@ -194,6 +214,7 @@ impl EngineBuilder {
             clock,
             registry,
             telemetry,
+            schedules,
         } = self;
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
         let (names, versions) = registry.name_version_arrays();
@@ -251,6 +272,17 @@ impl EngineBuilder {
             services.push(service::start(
                 Collector {
                     cfg: cfg.collector,
+                    db: db.clone(),
+                    telemetry: telemetry.clone(),
+                },
+                &tracker,
+            ));
+        }
+        if !schedules.is_empty() {
+            services.push(service::start(
+                Scheduler {
+                    schedules,
+                    cfg: cfg.scheduler.clone(),
                     db: db.clone(),
                     telemetry: telemetry.clone(),
                 },
@@ -330,6 +362,15 @@ impl EngineBuilder {
             if !seen.insert(name.clone()) {
                 return Err(Error::InvalidConfig(format!(
                     "queue {name:?} is configured twice"
+                )));
+            }
+        }
+        let mut names = HashSet::new();
+        for s in &self.schedules {
+            if !names.insert(s.name()) {
+                return Err(Error::InvalidConfig(format!(
+                    "schedule {:?} is declared twice",
+                    s.name()
                 )));
             }
         }

@@ -7,6 +7,7 @@ use crate::engine::committer::CommitterConfig;
 use crate::engine::heartbeat::HeartbeatConfig;
 use crate::engine::listener::{ListenerConfig, WakeListener};
 use crate::engine::reaper::ReaperConfig;
+use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::timeouts::TimeoutsConfig;
 use crate::error::{Error, Result};
 use crate::pooler::Pooler;
@@ -102,6 +103,7 @@ pub(crate) struct EngineConfig {
     pub(crate) reaper: ReaperConfig,
     pub(crate) timeouts: TimeoutsConfig,
     pub(crate) collector: CollectorConfig,
+    pub(crate) scheduler: SchedulerConfig,
     pub(crate) listener: ListenerConfig,
     /// What sits between the engine and Postgres.
     pub(crate) pooler: Pooler,
@@ -133,6 +135,9 @@ impl Default for EngineConfig {
                 interval: Duration::from_secs(60),
                 batch: crate::store::pg::admin::GC_BATCH as usize,
             },
+            scheduler: SchedulerConfig {
+                max_wait: Duration::from_secs(10),
+            },
             listener: ListenerConfig {
                 on: WakeListener::Pool,
                 backoff: Duration::from_millis(100),
@@ -159,7 +164,8 @@ impl EngineConfig {
         self.heartbeat.validate()?;
         self.reaper.validate()?;
         self.timeouts.validate()?;
-        self.collector.validate()
+        self.collector.validate()?;
+        self.scheduler.validate()
     }
 }
 

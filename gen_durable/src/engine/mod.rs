@@ -41,7 +41,7 @@
 //! `run_once()` and a stop ([`service`]): the heartbeat extends the node's leases
 //! ([`heartbeat`]), the reaper takes back expired ones ([`reaper`]), the await-timeout
 //! sweep wakes parked rows past their deadline ([`timeouts`]), the collector deletes old
-//! finished rows ([`collector`]). [`builder`] checks the settings ([`config`] holds every
+//! finished rows ([`collector`]), the scheduler fires periodic schedules ([`scheduler`]). [`builder`] checks the settings ([`config`] holds every
 //! default) and starts them all on one `TaskTracker`; [`Engine::shutdown`] drains the
 //! pickers, stops the services, then the committer once every outcome is answered.
 
@@ -54,6 +54,7 @@ mod heartbeat;
 mod listener;
 mod picker;
 mod reaper;
+mod scheduler;
 mod service;
 mod shared;
 mod timeouts;

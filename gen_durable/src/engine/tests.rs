@@ -213,3 +213,82 @@ async fn the_listener_wakes_the_queue_a_notification_names() {
     drop(conn);
     tdb.close().await;
 }
+
+/// The scheduler: a first pass declares the schedule (its first fire time after now, no
+/// catch-up on its past); once the clock passes that time, a pass inserts its instance,
+/// keyed by schedule and fire time, and moves the row on; a pass while another
+/// transaction holds the row skips it.
+#[tokio::test]
+async fn the_scheduler_declares_then_fires_once_per_fire_time() {
+    use chrono::{TimeZone, Utc};
+
+    use crate::engine::scheduler::Scheduler;
+    use crate::schedule::{fire_key, CatchUp, Schedule};
+
+    let tdb = TestDb::new().await;
+    let pool = tdb.pool().clone();
+    let at = |m: u32, s: u32| Utc.with_ymd_and_hms(2026, 1, 1, 0, m, s).unwrap();
+    let clock = Clock::manual(at(0, 30));
+    let db = Db::new(pool.clone(), clock.clone(), crate::Pooler::None)
+        .await
+        .unwrap();
+    let (telemetry, seen) = recording();
+    let scheduler = Scheduler {
+        schedules: vec![Schedule::for_tests(
+            "tick",
+            "* * * * *",
+            CatchUp::RunOnce,
+            None,
+        )],
+        cfg: EngineConfig::default().scheduler,
+        db,
+        telemetry,
+    };
+    let next = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<Utc>>>(
+            "SELECT next_fire FROM gd_schedules WHERE name = 'tick'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    let first = scheduler.run_once().await.unwrap();
+    assert!(first.fired.is_empty());
+    assert_eq!(next().await, Some(at(1, 0)));
+
+    clock.set(at(1, 0));
+    let fired = scheduler.run_once().await.unwrap();
+    assert_eq!(fired.fired.len(), 1);
+    let (name, fire, id) = fired.fired[0].clone();
+    assert_eq!((name.as_str(), fire), ("tick", at(1, 0)));
+    let key: String = sqlx::query_scalar("SELECT unique_key FROM gd_instances WHERE id = $1")
+        .bind(id.expect("inserted"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(key, fire_key("tick", at(1, 0)));
+    assert_eq!(next().await, Some(at(2, 0)));
+    assert_eq!(scheduler.after(fired), scheduler.cfg.max_wait);
+    assert!(seen.lock().unwrap().iter().any(|e| matches!(
+        e,
+        Event::ScheduleFired { schedule, id: Some(_), .. } if schedule == "tick"
+    )));
+
+    // Another transaction holds the row: the pass skips it, inserting nothing.
+    clock.set(at(2, 0));
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM gd_schedules WHERE name = 'tick' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert!(scheduler.run_once().await.unwrap().fired.is_empty());
+    holder.rollback().await.unwrap();
+    assert_eq!(scheduler.run_once().await.unwrap().fired.len(), 1);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_instances")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "one row per fire time");
+    tdb.close().await;
+}

@@ -214,6 +214,31 @@ pub(crate) async fn nodes<'e>(
         .await?)
 }
 
+/// Every declared schedule (see [`crate::Schedule`]).
+const SCHEDULES: &str = r#"/* gd:admin */
+SELECT name, pattern, timezone, catch_up, next_fire, last_fire, last_id, skipped, last_error
+  FROM gd_schedules
+ ORDER BY name
+"#;
+
+/// One declared schedule, as its last fire left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub(crate) struct ScheduleRow {
+    pub(crate) name: String,
+    pub(crate) pattern: String,
+    pub(crate) timezone: String,
+    pub(crate) catch_up: String,
+    pub(crate) next_fire: Option<DateTime<Utc>>,
+    pub(crate) last_fire: Option<DateTime<Utc>>,
+    pub(crate) last_id: Option<i64>,
+    pub(crate) skipped: i64,
+    pub(crate) last_error: Option<String>,
+}
+
+pub(crate) async fn schedules<'e>(db: impl PgExecutor<'e>) -> Result<Vec<ScheduleRow>> {
+    Ok(sqlx::query_as(SCHEDULES).fetch_all(db).await?)
+}
+
 /// The database's clock, which every figure of `status` is relative to.
 const NOW: &str = "/* gd:admin */ SELECT coalesce($1, now())";
 

@@ -30,6 +30,7 @@ pub(crate) mod control;
 pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod outcome;
+pub(crate) mod schedule;
 pub(crate) mod signal;
 pub(crate) mod wait;
 
@@ -79,13 +80,14 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 8] = [
+    const SOURCES: [(&str, &str); 9] = [
         ("admin.rs", include_str!("admin.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
         ("insert.rs", include_str!("insert.rs")),
         ("lease.rs", include_str!("lease.rs")),
         ("outcome.rs", include_str!("outcome.rs")),
+        ("schedule.rs", include_str!("schedule.rs")),
         ("signal.rs", include_str!("signal.rs")),
         ("wait.rs", include_str!("wait.rs")),
     ];

@@ -1,0 +1,240 @@
+//! Periodic schedules on PostgreSQL: three nodes declaring one schedule insert each fire
+//! time once; each catch-up policy after a downtime; an entry that cannot be built is
+//! skipped and said; a schedule declared twice is refused.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use common::{count, eventually, Count, Events};
+use gen_durable::{
+    fire_key, CatchUp, Clock, Engine, Entry, Error, Event, Registry, Schedule, Step,
+};
+use gen_durable_testkit::TestDb;
+use serde_json::json;
+
+test_fsm!(Report, state = Count, queue = "reports", version = 1, {
+    Build => "build" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register::<Report>();
+    r
+}
+
+fn at(h: u32, m: u32, s: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 1, 1, h, m, s).unwrap()
+}
+
+fn schedule(name: &str, pattern: &str, c: CatchUp) -> Schedule {
+    Schedule::cron(name, pattern, |fire| {
+        Entry::<Report>::new(Count {
+            n: fire.timestamp(),
+            log: vec![],
+        })
+    })
+    .unwrap()
+    .with_catch_up(c)
+}
+
+async fn engine(
+    db: &TestDb,
+    clock: &Clock,
+    node: &str,
+    schedules: Vec<Schedule>,
+    events: &Events,
+) -> Engine {
+    let mut b = Engine::builder(db.pool().clone())
+        .with_registry(registry())
+        .with_clock(clock.clone())
+        .with_node_id(node)
+        .queue("reports", 4)
+        .with_schedule_wait(Duration::from_millis(20))
+        .on_event(events.handler());
+    for s in schedules {
+        b = b.schedule(s);
+    }
+    b.start().await.unwrap()
+}
+
+/// Rows inserted by schedule `name`, by their key.
+async fn fired(db: &TestDb, name: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT unique_key FROM gd_instances WHERE unique_key LIKE $1 ORDER BY unique_key",
+    )
+    .bind(format!("gd:schedule:{name}:%"))
+    .fetch_all(db.pool())
+    .await
+    .unwrap()
+}
+
+async fn next_fire(db: &TestDb, name: &str) -> Option<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT next_fire FROM gd_schedules WHERE name = $1")
+        .bind(name)
+        .fetch_optional(db.pool())
+        .await
+        .unwrap()
+        .flatten()
+}
+
+#[tokio::test]
+async fn three_nodes_insert_each_fire_time_once() {
+    let db = TestDb::new().await;
+    let clock = Clock::manual(at(0, 0, 30));
+    let events = Events::default();
+    let mut nodes = Vec::new();
+    for node in ["n1", "n2", "n3"] {
+        let s = schedule("tick", "* * * * *", CatchUp::RunOnce);
+        nodes.push(engine(&db, &clock, node, vec![s], &events).await);
+    }
+    eventually(10, "the schedule is declared", || async {
+        next_fire(&db, "tick").await == Some(at(0, 1, 0))
+    })
+    .await;
+    for i in 1..=50u32 {
+        clock.advance(Duration::from_secs(60));
+        eventually(10, &format!("fire time {i} inserted"), || async {
+            next_fire(&db, "tick").await == Some(at(0, i + 1, 0))
+        })
+        .await;
+    }
+    let keys = fired(&db, "tick").await;
+    let expected: Vec<String> = (1..=50).map(|m| fire_key("tick", at(0, m, 0))).collect();
+    assert_eq!(keys, expected, "each fire time once, none missing");
+    let by_node = count(
+        db.pool(),
+        "SELECT count(*) FROM gd_instances WHERE unique_key LIKE 'gd:schedule:tick:%'",
+    )
+    .await;
+    assert_eq!(by_node, 50);
+    let fires: Vec<_> = events
+        .all()
+        .into_iter()
+        .filter(|e| matches!(e, Event::ScheduleFired { .. }))
+        .collect();
+    assert_eq!(
+        fires.len(),
+        50,
+        "one schedule.fired per fire time: {fires:?}"
+    );
+    for n in nodes {
+        n.shutdown(Duration::from_secs(5)).await;
+    }
+    db.close().await;
+}
+
+#[tokio::test]
+async fn after_a_downtime_each_catch_up_policy_does_what_it_says() {
+    let db = TestDb::new().await;
+    let clock = Clock::manual(at(0, 0, 30));
+    let events = Events::default();
+    let declared = || {
+        vec![
+            schedule("skip", "*/5 * * * *", CatchUp::Skip),
+            schedule("once", "*/5 * * * *", CatchUp::RunOnce),
+            schedule("all", "*/5 * * * *", CatchUp::RunAll),
+        ]
+    };
+    let first = engine(&db, &clock, "before", declared(), &events).await;
+    eventually(10, "the schedules are declared", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_schedules WHERE next_fire = '2026-01-01T00:05:00Z'",
+        )
+        .await
+            == 3
+    })
+    .await;
+    first.shutdown(Duration::from_secs(5)).await;
+
+    // Down from 00:00:30 to 00:33:30: 00:05, 00:10, …, 00:30 were missed.
+    clock.set(at(0, 33, 30));
+    let second = engine(&db, &clock, "after", declared(), &events).await;
+    eventually(10, "every schedule caught up", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_schedules WHERE next_fire = '2026-01-01T00:35:00Z'",
+        )
+        .await
+            == 3
+    })
+    .await;
+    second.shutdown(Duration::from_secs(5)).await;
+
+    assert_eq!(fired(&db, "skip").await, Vec::<String>::new());
+    assert_eq!(
+        fired(&db, "once").await,
+        vec![fire_key("once", at(0, 30, 0))]
+    );
+    let all: Vec<String> = (1..=6).map(|i| fire_key("all", at(0, 5 * i, 0))).collect();
+    assert_eq!(fired(&db, "all").await, all);
+    let skipped: Vec<(String, i64)> =
+        sqlx::query_as("SELECT name, skipped FROM gd_schedules ORDER BY name")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        skipped,
+        vec![("all".into(), 0), ("once".into(), 5), ("skip".into(), 6)]
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_entry_that_cannot_be_built_is_skipped_and_said() {
+    let db = TestDb::new().await;
+    let clock = Clock::manual(at(0, 0, 30));
+    let events = Events::default();
+    let bad = Schedule::cron("bad", "* * * * *", |_| {
+        Entry::<Report>::new(Count::default()).correlation_key("nul\0key")
+    })
+    .unwrap();
+    let e = engine(&db, &clock, "n1", vec![bad], &events).await;
+    eventually(10, "declared", || async {
+        next_fire(&db, "bad").await.is_some()
+    })
+    .await;
+    clock.advance(Duration::from_secs(60));
+    eventually(10, "the fire time handled", || async {
+        next_fire(&db, "bad").await == Some(at(0, 2, 0))
+    })
+    .await;
+    e.shutdown(Duration::from_secs(5)).await;
+    let (skipped, last_error): (i64, Option<String>) =
+        sqlx::query_as("SELECT skipped, last_error FROM gd_schedules WHERE name = 'bad'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(skipped, 1);
+    let last_error = last_error.expect("the reason is stored");
+    assert!(last_error.contains("NUL"), "{last_error}");
+    assert!(events.all().iter().any(|e| matches!(
+        e,
+        Event::ScheduleSkipped { schedule, count: 1, .. } if schedule == "bad"
+    )));
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_instances").await,
+        0
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_schedule_declared_twice_is_refused_at_start() {
+    let db = TestDb::new().await;
+    let e = Engine::builder(db.pool().clone())
+        .with_registry(registry())
+        .queue("reports", 1)
+        .schedule(schedule("twice", "* * * * *", CatchUp::RunOnce))
+        .schedule(schedule("twice", "0 * * * *", CatchUp::RunOnce))
+        .start()
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&e, Error::InvalidConfig(m) if m.contains("\"twice\"")),
+        "{e}"
+    );
+    db.close().await;
+}
