@@ -62,16 +62,15 @@ type Make = Arc<dyn Fn(DateTime<Utc>) -> Result<NewInstance> + Send + Sync>;
 /// ```no_run
 /// # use gen_durable::prelude::*;
 /// # use gen_durable::{CatchUp, Entry, Schedule};
-/// # #[derive(Debug, Clone, Default, Serialize, Deserialize, DurableState)]
-/// # struct ReportState { day: String }
-/// # #[durable_fsm(state = ReportState, queue = "reports")]
-/// # enum Report { #[initial] Build }
-/// # impl Report { async fn build(ctx: &mut Ctx<ReportState>) -> StepResult<Report> { Ok(Step::done(json!(null))) } }
+/// # #[derive(Debug, Clone, Serialize, Deserialize, DurableState)]
+/// # struct ReportArgs { day: String }
+/// # #[durable_job(queue = "reports")]
+/// # async fn build_report(args: ReportArgs, _ctx: &mut JobCtx) -> JobResult { Ok(json!(null)) }
 /// # fn f() -> gen_durable::Result<()> {
 /// let nightly = Schedule::cron("nightly-report", "0 2 * * *", |fire| {
-///     Entry::<Report>::new(ReportState { day: fire.date_naive().to_string() })
+///     Entry::<BuildReport>::new(ReportArgs { day: fire.date_naive().to_string() })
 /// })?
-/// .with_timezone(chrono_tz::Europe::Paris)
+/// .with_timezone(gen_durable::Tz::Europe__Paris)
 /// .with_catch_up(CatchUp::RunOnce);
 /// # Ok(()) }
 /// ```

@@ -70,7 +70,7 @@ async fn missing_database() {
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_rows_ended, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, _sqlx_migrations; DROP TYPE gd_status;",
+        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_rows_ended, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, _sqlx_migrations; DROP TYPE gd_status;",
     )
     .execute(db.pool())
     .await
@@ -109,6 +109,7 @@ async fn not_migrated_then_migrate() {
     assert!(r.stdout.contains("0003 nodes"), "{}", r.stdout);
     assert!(r.stdout.contains("0004 commit"), "{}", r.stdout);
     assert!(r.stdout.contains("0005 contention"), "{}", r.stdout);
+    assert!(r.stdout.contains("0008 schedules"), "{}", r.stdout);
     gd_on(&db, &["status"]).expect(0);
     db.close().await;
 }
@@ -123,6 +124,16 @@ async fn schema_older_than_the_cli() {
     let r = gd_on(&db, &["status"]).expect(NOT_MIGRATED);
     assert!(r.stderr.contains("gd_nodes is missing"), "{}", r.stderr);
     assert!(r.stderr.contains("run `gen_durable migrate`"));
+
+    // Migrated before schedules: the newest table is named.
+    let db2 = TestDb::new().await;
+    sqlx::query("DROP TABLE gd_schedules")
+        .execute(db2.pool())
+        .await
+        .unwrap();
+    let r = gd_on(&db2, &["status"]).expect(NOT_MIGRATED);
+    assert!(r.stderr.contains("gd_schedules is missing"), "{}", r.stderr);
+    db2.close().await;
     db.close().await;
 }
 

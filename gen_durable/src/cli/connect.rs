@@ -79,10 +79,10 @@ pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
             "this database has no gen_durable schema (table gd_instances is missing)",
         ));
     }
-    if !s.nodes {
-        return Err(CliError::not_migrated(
-            "this database's gen_durable schema is older than this CLI (table gd_nodes is missing)",
-        ));
+    if let Some(table) = s.missing {
+        return Err(CliError::not_migrated(&format!(
+            "this database's gen_durable schema is older than this CLI (table {table} is missing)"
+        )));
     }
     Ok(())
 }

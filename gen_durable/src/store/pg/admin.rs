@@ -34,19 +34,21 @@ const EXPIRED_IDS_SHOWN: i32 = 10;
 
 /// Whether the schema is there. `to_regclass` answers NULL instead of failing when a
 /// table is missing, so the CLI can tell "not migrated" from any other error and say
-/// what to do. `gd_nodes` is checked apart: a database migrated by an older release
-/// has instances but no node table yet.
+/// what to do. The tables later migrations added are checked apart: a database migrated
+/// by an older release has instances but not those tables yet.
 const SCHEMA_STATE: &str = r#"/* gd:admin */
 SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
-       to_regclass('gd_nodes') IS NOT NULL AS nodes,
+       CASE WHEN to_regclass('gd_nodes') IS NULL THEN 'gd_nodes'
+            WHEN to_regclass('gd_schedules') IS NULL THEN 'gd_schedules' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 
 /// Which parts of the schema exist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub(crate) struct SchemaState {
     pub(crate) instances: bool,
-    pub(crate) nodes: bool,
+    /// A table a later migration added that is not there yet.
+    pub(crate) missing: Option<String>,
     pub(crate) migrations: bool,
 }
 
