@@ -203,8 +203,10 @@ impl Schedule {
     }
 
     /// What a pass does at `now` for a schedule whose earliest unhandled fire time is
-    /// `next_fire`: the fire times to insert, and the next unhandled one after them.
-    pub(crate) fn plan(&self, next_fire: DateTime<Utc>, now: DateTime<Utc>) -> Plan {
+    /// `next_fire`: the fire times to insert, and the next unhandled one after them. The
+    /// engine's scheduler and the testkit's virtual clock both fire by it.
+    #[doc(hidden)]
+    pub fn plan(&self, next_fire: DateTime<Utc>, now: DateTime<Utc>) -> Plan {
         if next_fire > now {
             return Plan {
                 fires: Vec::new(),
@@ -264,7 +266,8 @@ impl Schedule {
 
     /// The row fire time `fire` inserts: the entry `make` builds, keyed by the schedule and
     /// the fire time unless it has a key of its own.
-    pub(crate) fn instance(&self, fire: DateTime<Utc>) -> Result<NewInstance> {
+    #[doc(hidden)]
+    pub fn instance(&self, fire: DateTime<Utc>) -> Result<NewInstance> {
         let mut row = (self.make)(fire)?;
         if row.unique_key.is_none() {
             row.unique_key = Some(fire_key(&self.name, fire));
@@ -301,14 +304,15 @@ pub fn fire_key(name: &str, fire: DateTime<Utc>) -> String {
 }
 
 /// One pass's decision for one schedule.
+#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// Fire times to insert, oldest first.
-    pub(crate) fires: Vec<DateTime<Utc>>,
+    pub fires: Vec<DateTime<Utc>>,
     /// Due fire times the policy leaves out.
-    pub(crate) skipped: usize,
+    pub skipped: usize,
     /// The earliest fire time left unhandled (`None`: the pattern is over).
-    pub(crate) next: Option<DateTime<Utc>>,
+    pub next: Option<DateTime<Utc>>,
 }
 
 #[cfg(test)]

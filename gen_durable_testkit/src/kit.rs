@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput};
 use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, OutcomeKind, Registry, Result,
-    Settled, Status, Target,
+    Schedule, Settled, Status, Target,
 };
 use serde_json::Value;
 
@@ -47,6 +47,8 @@ pub struct TestKit {
     max_steps: usize,
     max_signal_payload: usize,
     outbox: Outbox,
+    /// Each schedule and its earliest unhandled fire time (`None`: its pattern is over).
+    schedules: Vec<(Schedule, Option<DateTime<Utc>>)>,
     sent: Vec<(i64, String, Result<Delivery>)>,
 }
 
@@ -69,6 +71,7 @@ impl TestKit {
             max_signal_payload: gen_durable::DEFAULT_MAX_SIGNAL_PAYLOAD,
             outbox: Outbox::default(),
             sent: Vec::new(),
+            schedules: Vec::new(),
         }
     }
 
@@ -92,6 +95,17 @@ impl TestKit {
     /// Starts the clock at `at` instead of [`epoch`].
     pub fn with_start_time(self, at: DateTime<Utc>) -> Self {
         self.clock.set(at);
+        self
+    }
+
+    /// Adds a periodic schedule, fired on the kit's virtual clock as an engine fires it on
+    /// the database's: its first fire time is the first after the kit's now; each
+    /// `run_until_idle` first inserts the fire times that have come, by the schedule's
+    /// catch-up policy, keyed as the engine keys them (`gen_durable::fire_key`), and emits
+    /// `schedule.fired` / `schedule.skipped`.
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        let next = schedule.next_after(self.now());
+        self.schedules.push((schedule, next));
         self
     }
 
@@ -170,6 +184,49 @@ impl TestKit {
             .into_iter()
             .map(|(id, _)| id)
             .collect()
+    }
+
+    /// Inserts the due fire times of every schedule (see [`TestKit::schedule`]).
+    fn fire_schedules(&mut self) {
+        let now = self.now();
+        for i in 0..self.schedules.len() {
+            let (schedule, next) = &self.schedules[i];
+            let Some(next) = *next else { continue };
+            let plan = schedule.plan(next, now);
+            let name = schedule.name().to_string();
+            let policy = format!("catch-up policy {:?}", schedule.catch_up());
+            let mut built = Vec::new();
+            let mut failed = Vec::new();
+            for &fire in &plan.fires {
+                match schedule.instance(fire) {
+                    Ok(row) => built.push((fire, row)),
+                    Err(e) => failed.push(format!("fire time {fire}: {e}")),
+                }
+            }
+            self.schedules[i].1 = plan.next;
+            for (fire, row) in built {
+                let id = self.insert_rows(vec![row]).first().copied();
+                self.events.push(Event::ScheduleFired {
+                    schedule: name.clone(),
+                    fire_time: fire,
+                    id,
+                });
+            }
+            if plan.skipped > 0 {
+                self.events.push(Event::ScheduleSkipped {
+                    schedule: name.clone(),
+                    count: plan.skipped,
+                    reason: policy,
+                });
+            }
+            if let Some(last) = failed.last() {
+                self.events.push(Event::ScheduleSkipped {
+                    schedule: name,
+                    count: failed.len(),
+                    reason: last.clone(),
+                });
+            }
+        }
     }
 
     pub(crate) fn insert_one(&mut self, row: NewInstance) -> Result<i64> {
@@ -318,6 +375,7 @@ impl TestKit {
         let mut tally = Tally::default();
         let mut per_instance: HashMap<i64, usize> = HashMap::new();
         let mut last: Vec<(i64, String, OutcomeKind)> = Vec::new();
+        self.fire_schedules();
         loop {
             self.deliver_deferred();
             let now = self.now();

@@ -197,6 +197,49 @@ async fn the_kit_asserts_by_key() {
     );
 }
 
+/// Schedules on the virtual clock: nothing before the first fire time, one instance per
+/// fire time as the clock passes each, keyed as the engine keys them; after a jump over
+/// ten fire times, the default catch-up (`RunOnce`) inserts one, for the newest.
+#[tokio::test]
+async fn the_kit_fires_schedules_on_its_virtual_clock() {
+    use chrono::{TimeZone, Utc};
+    use gen_durable::{fire_key, Schedule};
+
+    let at = |m: u32| Utc.with_ymd_and_hms(2026, 1, 1, 0, m, 0).unwrap();
+    let tick =
+        Schedule::cron("tick", "* * * * *", |_| Entry::<Counter>::new(S::default())).unwrap();
+    let mut kit = kit()
+        .with_start_time(at(0) + chrono::Duration::seconds(30))
+        .schedule(tick);
+    kit.run_until_idle().await;
+    assert!(kit.instances().is_empty(), "no fire time has come");
+    for _ in 0..3 {
+        kit.advance(Duration::from_secs(60));
+        kit.run_until_idle().await;
+    }
+    kit.advance(Duration::from_secs(600));
+    kit.run_until_idle().await;
+    let keys: Vec<_> = kit
+        .instances()
+        .into_iter()
+        .map(|i| i.unique_key.expect("keyed"))
+        .collect();
+    let expected: Vec<_> = [1, 2, 3, 13]
+        .iter()
+        .map(|m| fire_key("tick", at(*m)))
+        .collect();
+    assert_eq!(keys, expected);
+    let skipped: Vec<_> = kit
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::ScheduleSkipped { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(skipped, vec![9], "00:04 to 00:12 left out");
+}
+
 #[tokio::test]
 async fn the_kit_emits_step_stop_with_the_committed_kind() {
     let mut kit = kit();
