@@ -86,6 +86,31 @@ pub enum Error {
         /// The versions this process knows.
         known: Vec<i32>,
     },
+    /// No chain of registered instance migrations takes this FSM from one version to
+    /// another; nothing was changed.
+    #[error("no instance migration of FSM {fsm:?} from v{from} to v{to} is registered in this process (migrations known: {known:?})")]
+    NoMigration {
+        /// The FSM name.
+        fsm: String,
+        /// The version rows are at.
+        from: i32,
+        /// The version asked for.
+        to: i32,
+        /// The `(from, to)` migrations known for this FSM.
+        known: Vec<(i32, i32)>,
+    },
+    /// An instance migration's step map does not map every old step.
+    #[error("the instance migration of FSM {fsm:?} from v{from} to v{to} is invalid: {reason}")]
+    BadMigration {
+        /// The FSM name.
+        fsm: String,
+        /// Its source version.
+        from: i32,
+        /// Its target version.
+        to: i32,
+        /// What is wrong.
+        reason: String,
+    },
     /// The FSM has no step of this name.
     #[error("FSM {fsm:?} v{version} has no step {step:?} (steps: {known:?})")]
     UnknownStep {

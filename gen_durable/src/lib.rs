@@ -75,9 +75,11 @@ mod engine;
 mod error;
 mod fsm;
 mod group_insert;
+mod instance_migration;
 mod job;
 mod kind;
 mod migrate;
+mod migrate_instances;
 mod notify;
 mod options;
 mod pool;
@@ -116,9 +118,11 @@ pub use error::{Error, Result};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
+pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
 pub use migrate::migrate;
+pub use migrate_instances::{MigrateOptions, MigrationReport};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
 pub use registry::{FsmEntry, Registry};
@@ -141,9 +145,9 @@ pub use gen_durable_macros::*;
 pub mod prelude {
     pub use crate::{
         backoff, Child, Client, Ctx, DurableState, Engine, Fsm, JobCtx, JobError, JobResult, Key,
-        Settled, Signal, Status, Step, StepError, StepResult,
+        Migration, MigrationError, Settled, Signal, Status, Step, StepError, StepResult,
     };
-    pub use gen_durable_macros::{durable_fsm, durable_job, durable_steps};
+    pub use gen_durable_macros::{durable_fsm, durable_job, durable_migration, durable_steps};
     pub use serde::{Deserialize, Serialize};
     pub use serde_json::json;
     pub use std::time::Duration;

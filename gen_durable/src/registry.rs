@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::instance_migration::{apply_path, Migrated, Migration, MigrationEntry};
 use crate::options::InsertOptions;
 use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput};
 use crate::state::{CastError, DurableState};
@@ -126,10 +127,12 @@ impl FsmEntry {
 
 inventory::collect!(FsmEntry);
 
-/// A set of FSM versions, keyed by `(name, version)`.
+/// A set of FSM versions, keyed by `(name, version)`, and the instance migrations
+/// between them, keyed by `(name, from)`.
 #[derive(Debug, Clone, Default)]
 pub struct Registry {
     entries: BTreeMap<(String, i32), FsmEntry>,
+    migrations: BTreeMap<(String, i32), MigrationEntry>,
 }
 
 impl Registry {
@@ -138,11 +141,14 @@ impl Registry {
         Self::default()
     }
 
-    /// Every FSM linked into this binary through the macros.
+    /// Every FSM and instance migration linked into this binary through the macros.
     pub fn linked() -> Self {
         let mut reg = Registry::new();
         for entry in inventory::iter::<FsmEntry> {
             reg.add(*entry);
+        }
+        for m in inventory::iter::<MigrationEntry> {
+            reg.add_migration_entry(*m);
         }
         reg
     }
@@ -156,6 +162,101 @@ impl Registry {
     /// Adds FSM `F`.
     pub fn register<F: Fsm>(&mut self) {
         self.add(FsmEntry::of::<F>());
+    }
+
+    /// Adds instance migration `M` (from `M::From` to `M`), replacing any other from
+    /// the same version. `#[durable_migration]` does this for every node by itself.
+    pub fn add_migration<M: Migration>(&mut self) {
+        self.add_migration_entry(MigrationEntry::of::<M>());
+    }
+
+    /// Adds (or replaces) one migration entry.
+    pub fn add_migration_entry(&mut self, entry: MigrationEntry) {
+        self.migrations
+            .insert((entry.name.to_string(), entry.from), entry);
+    }
+
+    /// Every migration, ordered by name then source version.
+    pub fn migrations(&self) -> impl Iterator<Item = &MigrationEntry> {
+        self.migrations.values()
+    }
+
+    /// Checks every migration's step map (each old step maps, none panics): run when
+    /// an engine starts, so that a bad map is a start-up error rather than a failed claim.
+    pub fn check_migrations(&self) -> Result<()> {
+        for m in self.migrations.values() {
+            m.check_steps().map_err(|reason| Error::BadMigration {
+                fsm: m.name.to_string(),
+                from: m.from,
+                to: m.to,
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The migrations a node applies on claiming a row of `(name, version)`: the chain
+    /// from `version` as far as it goes, when it ends at a version registered here.
+    /// `None` when there is no migration from `version`, or the chain ends at a version
+    /// this node cannot run (then the row runs on its own version, if registered).
+    pub fn upgrade_path(&self, name: &str, version: i32) -> Option<Vec<MigrationEntry>> {
+        if self.migrations.is_empty() {
+            return None; // every claim asks: no allocation when there are none
+        }
+        let mut path = Vec::new();
+        let mut at = version;
+        while let Some(m) = self.migrations.get(&(name.to_string(), at)) {
+            path.push(*m);
+            at = m.to;
+        }
+        (!path.is_empty() && self.get(name, at).is_some()).then_some(path)
+    }
+
+    /// The lazy migration of a claimed row of `(name, version)` at `(state, step)`: `None`
+    /// when this node runs the row as it is (no migration from its version, or none that
+    /// ends at a version registered here); else the version the chain goes to and the
+    /// row after it, or the error of the hop that failed (the row stays as it was).
+    pub fn upgrade(
+        &self,
+        name: &str,
+        version: i32,
+        state: &Value,
+        step: &str,
+    ) -> Option<(i32, std::result::Result<Migrated, String>)> {
+        let path = self.upgrade_path(name, version)?;
+        let to = path.last().map_or(version, |m| m.to);
+        Some((to, apply_path(&path, state, step)))
+    }
+
+    /// The migrations that take `(name, from)` to version `to`, for a bulk migration, or
+    /// a typed error naming where the chain breaks.
+    pub fn path_to(&self, name: &str, from: i32, to: i32) -> Result<Vec<MigrationEntry>> {
+        let mut path = Vec::new();
+        let mut at = from;
+        while at < to {
+            match self.migrations.get(&(name.to_string(), at)) {
+                Some(m) => {
+                    path.push(*m);
+                    at = m.to;
+                }
+                None => break,
+            }
+        }
+        if at == to {
+            Ok(path)
+        } else {
+            Err(Error::NoMigration {
+                fsm: name.to_string(),
+                from,
+                to,
+                known: self
+                    .migrations
+                    .values()
+                    .filter(|m| m.name == name)
+                    .map(|m| (m.from, m.to))
+                    .collect(),
+            })
+        }
     }
 
     /// The entry for `(name, version)`, or a typed error saying which part is unknown.
@@ -220,8 +321,17 @@ impl Registry {
         self.entries.values()
     }
 
-    /// `(names, versions)` as two parallel arrays, for the pick's registered-version filter.
+    /// `(names, versions)` as two parallel arrays, for the pick's filter: the versions
+    /// registered here, and the older ones this node migrates to one of them on a claim.
     pub(crate) fn name_version_arrays(&self) -> (Vec<String>, Vec<i32>) {
-        self.entries.keys().cloned().unzip()
+        let migratable = self
+            .migrations
+            .keys()
+            .filter(|(name, from)| self.upgrade_path(name, *from).is_some());
+        let mut pairs: Vec<(String, i32)> =
+            self.entries.keys().chain(migratable).cloned().collect();
+        pairs.sort();
+        pairs.dedup();
+        pairs.into_iter().unzip()
     }
 }

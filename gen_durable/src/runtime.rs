@@ -87,6 +87,22 @@ pub struct StepOutput {
 }
 
 impl StepOutput {
+    /// A claimed row whose instance migration failed: a `replay` of its unchanged step,
+    /// on its old version with its stored state, after `backoff(attempt)`, recording `error`.
+    pub(crate) fn migration_failed(state: Value, error: String, attempt: i32) -> Self {
+        StepOutput {
+            outcome: Outcome::Replay {
+                delay: crate::fsm::backoff(attempt),
+            },
+            state,
+            awaited: Vec::new(),
+            error: Some(error),
+            tx: None,
+            run_ahead: false,
+            duration: Duration::ZERO,
+        }
+    }
+
     /// A `stop` with `reason` that keeps the stored state (the committer's replacement for
     /// an outcome the database refused).
     pub(crate) fn stopped(reason: String) -> Self {

@@ -159,6 +159,33 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// `migration.applied`: a node moved a claimed row to a later FSM version before
+    /// running its step (written fenced by the claim).
+    InstanceMigrated {
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The version it was at.
+        from: i32,
+        /// The version it is at now.
+        to: i32,
+    },
+    /// `migration.failed`: a claimed row's migration failed (the transform returned an
+    /// error or panicked); the row stays on `from`, its step replays after a backoff, and
+    /// `error` is its `last_error`.
+    MigrationFailed {
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The version it stays at.
+        from: i32,
+        /// The version it was to move to.
+        to: i32,
+        /// Why.
+        error: String,
+    },
     /// `wait.stop`: a `Client::wait` returned.
     WaitStop {
         /// How long it waited.
@@ -266,6 +293,16 @@ impl Telemetry {
                 reason,
             } => tracing::warn!(
                 target: "gen_durable::scheduler", schedule, count, reason, "schedule.skipped"),
+            Event::InstanceMigrated { id, fsm, from, to } => tracing::info!(
+                target: "gen_durable::migration", id, fsm, from, to, "migration.applied"),
+            Event::MigrationFailed {
+                id,
+                fsm,
+                from,
+                to,
+                error,
+            } => tracing::warn!(
+                target: "gen_durable::migration", id, fsm, from, to, error, "migration.failed"),
             Event::ListenerConnected { reconnect } => tracing::debug!(
                 target: "gen_durable::listener", reconnect, "listener.connected"),
             Event::WaitStop {

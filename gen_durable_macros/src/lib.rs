@@ -87,6 +87,7 @@ use proc_macro::TokenStream;
 mod common;
 mod fsm;
 mod job;
+mod migration;
 mod state;
 mod steps;
 
@@ -128,6 +129,16 @@ pub fn durable_steps(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn durable_job(attr: TokenStream, item: TokenStream) -> TokenStream {
     job::expand(attr.into(), item.into()).into()
+}
+
+/// Registers an instance migration: put it on `impl Migration for NewVersion { … }`.
+///
+/// The impl is kept as written; the migration is submitted to the engine's registry
+/// (like an FSM), so every node that links it migrates old-version rows it claims, and
+/// `gen_durable migrate-instances` run from the user's binary can apply it in bulk.
+#[proc_macro_attribute]
+pub fn durable_migration(attr: TokenStream, item: TokenStream) -> TokenStream {
+    migration::expand(attr.into(), item.into()).into()
 }
 
 /// Implements `DurableState` with field-path cast errors.

@@ -55,6 +55,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "begin",
     "admin",
     "schedule",
+    "migrate",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts

@@ -64,6 +64,23 @@ pub(crate) enum Command {
         /// The instance id.
         id: i64,
     },
+    /// Move the live, not executing instances of an FSM to a later version with the
+    /// instance migrations linked into this binary (run it from your own binary that calls
+    /// `gen_durable::cli::main()`), in small batches that never block the engine.
+    MigrateInstances {
+        /// The FSM's stored name.
+        #[arg(long)]
+        fsm: String,
+        /// The version to move them to.
+        #[arg(long)]
+        to: i32,
+        /// Run the transforms and report what they would do, writing nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rows per transaction.
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+    },
     /// Delete done and failed instances last updated longer ago than --older-than, in
     /// small batches that never block the engine (children of a live parent are kept).
     Gc {

@@ -11,6 +11,7 @@ mod args;
 mod connect;
 mod error;
 mod inspect;
+mod migrate_instances;
 mod status;
 mod table;
 
@@ -115,6 +116,12 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Cancel { id } => actions::cancel(&pool, id).await,
         Command::Retry { id } => actions::retry(&pool, id).await,
         Command::Gc { older_than } => actions::gc(&pool, older_than).await,
+        Command::MigrateInstances {
+            fsm,
+            to,
+            dry_run,
+            batch,
+        } => migrate_instances::run(&pool, &fsm, to, dry_run, batch).await,
     };
     pool.close().await;
     out

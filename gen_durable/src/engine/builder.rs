@@ -24,6 +24,7 @@ use crate::engine::timeouts::Timeouts;
 use crate::engine::{Engine, QueueConfig};
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::instance_migration::Migration;
 use crate::notify::Notifier;
 use crate::pooler::Pooler;
 use crate::registry::Registry;
@@ -164,6 +165,14 @@ impl EngineBuilder {
     /// Registers FSM `T` explicitly (linked FSMs are known without it).
     pub fn register<T: Fsm>(mut self) -> Self {
         self.registry.register::<T>();
+        self
+    }
+
+    /// Adds instance migration `M` (from `M::From` to `M`): rows of the old version this
+    /// node claims are moved to the new one before their step runs, if this node has the
+    /// new version registered. `#[durable_migration]` registers it on every node already.
+    pub fn migration<M: Migration>(mut self) -> Self {
+        self.registry.add_migration::<M>();
         self
     }
 
@@ -345,6 +354,7 @@ impl EngineBuilder {
 
     fn validate(&self) -> Result<()> {
         self.cfg.validate()?;
+        self.registry.check_migrations()?;
         if self.pool.options().get_max_connections() < 2 {
             return Err(Error::InvalidConfig(
                 "the engine's pool needs at least 2 connections: one stays on LISTEN for wake-ups"

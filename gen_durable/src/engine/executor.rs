@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::engine::shared::Shared;
+use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::kind::OutcomeKind;
 use crate::registry::FsmEntry;
 use crate::runtime::{Outcome, StepInput};
@@ -26,8 +27,20 @@ pub(crate) async fn run_step(
     queue: Arc<str>,
 ) -> Option<Duration> {
     let (id, epoch) = (row.id, row.lease_epoch);
-    let replay_after = match shared.registry.get(&row.fsm, row.fsm_version).copied() {
-        Some(entry) => {
+    let resolved = match upgrade(&shared, &queue, row).await {
+        Ok(upgraded) => upgraded,
+        Err(row) => match shared.registry.get(&row.fsm, row.fsm_version).copied() {
+            Some(entry) => Upgraded::Run(entry, row),
+            None => {
+                // Claims only ask for pairs this node runs or migrates; if this happens,
+                // leave it to the reaper.
+                tracing::error!(target: "gen_durable::step", id, fsm = %row.fsm, "claimed a row of an unregistered FSM");
+                Upgraded::Stop(None)
+            }
+        },
+    };
+    let replay_after = match resolved {
+        Upgraded::Run(entry, row) => {
             let input = StepInput {
                 id,
                 step: row.step,
@@ -42,11 +55,7 @@ pub(crate) async fn run_step(
             };
             run_chain(&shared, &queue, entry, epoch, input, &draining).await
         }
-        None => {
-            // Claims only ask for registered pairs; if this happens, leave it to the reaper.
-            tracing::error!(target: "gen_durable::step", id, fsm = %row.fsm, "claimed a row of an unregistered FSM");
-            None
-        }
+        Upgraded::Stop(delay) => delay,
     };
     shared.claims.unhold(id, epoch);
     replay_after

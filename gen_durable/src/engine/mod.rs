@@ -58,6 +58,7 @@ mod scheduler;
 mod service;
 mod shared;
 mod timeouts;
+mod upgrade;
 
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,8 @@
 //! `gen_durable_testkit::statements` classifies by it (its `MARKED_KINDS` lists the
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
 //! kinds: `claim`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
-//! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin` here;
+//! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
+//! `schedule`, `migrate` here;
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
 //! them (or a new kind added to that list) at the very start of its text.
 
@@ -29,6 +30,7 @@ pub(crate) mod claim;
 pub(crate) mod control;
 pub(crate) mod insert;
 pub(crate) mod lease;
+pub(crate) mod migration;
 pub(crate) mod outcome;
 pub(crate) mod schedule;
 pub(crate) mod signal;
@@ -80,12 +82,13 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 9] = [
+    const SOURCES: [(&str, &str); 10] = [
         ("admin.rs", include_str!("admin.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
         ("insert.rs", include_str!("insert.rs")),
         ("lease.rs", include_str!("lease.rs")),
+        ("migration.rs", include_str!("migration.rs")),
         ("outcome.rs", include_str!("outcome.rs")),
         ("schedule.rs", include_str!("schedule.rs")),
         ("signal.rs", include_str!("signal.rs")),

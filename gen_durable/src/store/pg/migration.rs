@@ -1,0 +1,172 @@
+//! Instance migrations: moving rows to a later FSM version. The transforms are Rust
+//! (`crate::instance_migration`); these statements read rows for them and write what they
+//! return. Two paths:
+//! - a claimed row, migrated by the node that holds its lease before its step runs
+//!   (`MIGRATE_CLAIMED`, fenced like an outcome);
+//! - rows that are not executing, migrated in bulk by `Client::migrate_instances`: short
+//!   transactions over id-ordered batches, each row locked `SKIP LOCKED` (a row a claim or
+//!   a caller holds is skipped and left for the lazy path or the next run; the picker,
+//!   which skips locked rows too, never waits behind a batch).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::PgExecutor;
+
+use crate::error::Result;
+
+/// Moves a claimed row to `$3` with its new state and step, fenced by the claim: a row
+/// reaped (and perhaps claimed elsewhere) meanwhile is not touched. Attempt, awaits,
+/// inbox, children and lease stay: the step then runs on the new version under the same
+/// claim.
+pub(super) const MIGRATE_CLAIMED: &str = r#"/* gd:migrate */
+UPDATE gd_instances
+   SET fsm_version = $4, state = $5, step = $6, updated_at = coalesce($7, now())
+ WHERE id = $1 AND lease_epoch = $2 AND locked_by = $3 AND status = 'executing'
+RETURNING id
+"#;
+
+/// Writes a claimed row's migration; `false` if its lease was lost.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn migrate_claimed<'e>(
+    db: impl PgExecutor<'e>,
+    id: i64,
+    epoch: i64,
+    node: &str,
+    version: i32,
+    state: &Value,
+    step: &str,
+    now: Option<DateTime<Utc>>,
+) -> Result<bool> {
+    let row: Option<i64> = sqlx::query_scalar(MIGRATE_CLAIMED)
+        .bind(id)
+        .bind(epoch)
+        .bind(node)
+        .bind(version)
+        .bind(Json(state))
+        .bind(step)
+        .bind(now)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// The versions below `$2` that live (not executing, not finished) rows of FSM `$1` are
+/// at: what a bulk migration needs a chain from, checked before it writes anything.
+const OLD_VERSIONS: &str = r#"/* gd:migrate */
+SELECT DISTINCT fsm_version FROM gd_instances
+ WHERE fsm = $1 AND fsm_version < $2 AND status NOT IN ('done', 'failed')
+ ORDER BY 1
+"#;
+
+pub(crate) async fn old_versions<'e>(
+    db: impl PgExecutor<'e>,
+    fsm: &str,
+    to: i32,
+) -> Result<Vec<i32>> {
+    Ok(sqlx::query_scalar(OLD_VERSIONS)
+        .bind(fsm)
+        .bind(to)
+        .fetch_all(db)
+        .await?)
+}
+
+/// One batch for a bulk migration: the next `$4` rows after id `$3` of FSM `$1` below
+/// version `$2` that are neither executing nor finished, locked `SKIP LOCKED`. Walks the
+/// primary key from the cursor, so each batch starts where the last one stopped.
+const LOCK_BATCH: &str = r#"/* gd:migrate */
+SELECT id, fsm_version, step, state FROM gd_instances
+ WHERE fsm = $1 AND fsm_version < $2 AND id > $3
+   AND status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+ ORDER BY id
+ LIMIT $4
+   FOR NO KEY UPDATE SKIP LOCKED
+"#;
+
+/// The same batch read without locking, for a dry run (a lock is a write too).
+const PEEK_BATCH: &str = r#"/* gd:migrate */
+SELECT id, fsm_version, step, state FROM gd_instances
+ WHERE fsm = $1 AND fsm_version < $2 AND id > $3
+   AND status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+ ORDER BY id
+ LIMIT $4
+"#;
+
+/// A row a bulk migration read: `(id, version, step, state)`.
+pub(crate) type OldRow = (i64, i32, String, Json<Value>);
+
+pub(crate) async fn batch<'e>(
+    db: impl PgExecutor<'e>,
+    fsm: &str,
+    to: i32,
+    after: i64,
+    limit: i64,
+    lock: bool,
+) -> Result<Vec<OldRow>> {
+    Ok(sqlx::query_as(if lock { LOCK_BATCH } else { PEEK_BATCH })
+        .bind(fsm)
+        .bind(to)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(db)
+        .await?)
+}
+
+/// Writes a batch's migrated rows (locked by the batch's transaction).
+const APPLY_BATCH: &str = r#"/* gd:migrate */
+UPDATE gd_instances i
+   SET fsm_version = u.version, state = u.state, step = u.step, updated_at = now()
+  FROM unnest($1::int8[], $2::int4[], $3::jsonb[], $4::text[]) AS u(id, version, state, step)
+ WHERE i.id = u.id
+"#;
+
+pub(crate) async fn apply_batch<'e>(
+    db: impl PgExecutor<'e>,
+    rows: &[(i64, i32, Value, &str)],
+) -> Result<u64> {
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let versions: Vec<i32> = rows.iter().map(|r| r.1).collect();
+    let states: Vec<Json<&Value>> = rows.iter().map(|r| Json(&r.2)).collect();
+    let steps: Vec<&str> = rows.iter().map(|r| r.3).collect();
+    Ok(sqlx::query(APPLY_BATCH)
+        .bind(ids)
+        .bind(versions)
+        .bind(states)
+        .bind(steps)
+        .execute(db)
+        .await?
+        .rows_affected())
+}
+
+/// Records why a row's transform failed, leaving it on its version.
+const NOTE_FAILED: &str = r#"/* gd:migrate */
+UPDATE gd_instances i SET last_error = u.error, updated_at = now()
+  FROM unnest($1::int8[], $2::text[]) AS u(id, error)
+ WHERE i.id = u.id
+"#;
+
+pub(crate) async fn note_failed<'e>(db: impl PgExecutor<'e>, rows: &[(i64, String)]) -> Result<()> {
+    let (ids, errors): (Vec<i64>, Vec<&str>) = rows.iter().map(|(i, e)| (*i, e.as_str())).unzip();
+    sqlx::query(NOTE_FAILED)
+        .bind(ids)
+        .bind(errors)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// What is left below version `$2` after a pass: `(executing, other live rows)`.
+const LEFT: &str = r#"/* gd:migrate */
+SELECT count(*) FILTER (WHERE status = 'executing'),
+       count(*) FILTER (WHERE status <> 'executing')
+  FROM gd_instances
+ WHERE fsm = $1 AND fsm_version < $2 AND status NOT IN ('done', 'failed')
+"#;
+
+pub(crate) async fn left<'e>(db: impl PgExecutor<'e>, fsm: &str, to: i32) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(LEFT)
+        .bind(fsm)
+        .bind(to)
+        .fetch_one(db)
+        .await?)
+}
