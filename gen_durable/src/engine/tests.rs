@@ -292,3 +292,58 @@ async fn the_scheduler_declares_then_fires_once_per_fire_time() {
     assert_eq!(rows, 2, "one row per fire time");
     tdb.close().await;
 }
+
+/// A claimed row's migration is fenced like an outcome: a node whose lease was taken
+/// back (reaped, then claimed by another node: a new epoch) writes nothing, so a
+/// migration racing a claim elsewhere is committed once, by the lease holder.
+#[tokio::test]
+async fn a_claimed_rows_migration_is_fenced_by_its_lease() {
+    let tdb = TestDb::new().await;
+    let pool = tdb.pool().clone();
+    let id = row(
+        &pool,
+        "status = 'executing', locked_by = 'a', lease_epoch = 1, \
+         lease_expires_at = now() + interval '1 minute'",
+    )
+    .await;
+    let state = serde_json::json!({"migrated": true});
+    let write = |node: &'static str, epoch: i64| {
+        let (pool, state) = (pool.clone(), state.clone());
+        async move {
+            crate::store::pg::migration::migrate_claimed(
+                &pool, id, epoch, node, 2, &state, "t", None,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // Node a's lease was reaped and node b claimed the row (epoch 2).
+    sqlx::query("UPDATE gd_instances SET locked_by = 'b', lease_epoch = 2 WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(!write("a", 1).await, "a stale lease writes nothing");
+    let version: i32 = sqlx::query_scalar("SELECT fsm_version FROM gd_instances WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(version, 1);
+    assert!(write("b", 2).await, "the holder's migration is written");
+    let (version, step): (i32, String) =
+        sqlx::query_as("SELECT fsm_version, step FROM gd_instances WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((version, step.as_str()), (2, "t"));
+    // Once the step has ended (the row is no longer executing), a late write is refused too.
+    sqlx::query("UPDATE gd_instances SET status = 'runnable', locked_by = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(!write("b", 2).await);
+    tdb.close().await;
+}
