@@ -13,7 +13,14 @@ const NOT_MIGRATED: i32 = 4;
 fn help_lists_every_command_and_the_exit_codes() {
     let r = gd(&["--help"]).expect(0);
     for cmd in [
-        "migrate", "status", "inspect", "signal", "cancel", "retry", "gc",
+        "migrate",
+        "status",
+        "inspect",
+        "signal",
+        "cancel",
+        "retry",
+        "gc",
+        "migrate-instances",
     ] {
         assert!(r.stdout.contains(cmd), "{cmd} missing from:\n{}", r.stdout);
     }
@@ -153,4 +160,35 @@ fn bad_arguments_are_usage_errors() {
     assert!(r.stderr.contains("pass ID NAME JSON"), "{}", r.stderr);
     gd(&["signal", "--key", "k", "1", "go", "{}"]).expect(USAGE);
     gd(&["frobnicate"]).expect(USAGE);
+}
+
+/// Instance migrations are the user's Rust code: the stock binary links none, and says
+/// how to run the command from a binary that does. Nothing is written.
+#[tokio::test]
+async fn migrate_instances_from_the_stock_binary_says_where_to_run_it() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue) VALUES ('Order', 1, 's', '{}', 'q')",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let r = gd_on(&db, &["migrate-instances", "--fsm", "Order", "--to", "2"]).expect(USAGE);
+    assert!(
+        r.stderr
+            .contains("no instance migration of FSM \"Order\" from v1 to v2"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("gen_durable::cli::main()"),
+        "{}",
+        r.stderr
+    );
+    let version: i32 = sqlx::query_scalar("SELECT fsm_version FROM gd_instances")
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(version, 1);
+    db.close().await;
 }
