@@ -119,7 +119,7 @@ impl Migration for Subscription {
 fn new_sub(i: u64) -> v1::Sub {
     v1::Sub {
         customer: format!("customer-{i}"),
-        plan: if i % 2 == 0 { "basic" } else { "pro" }.into(),
+        plan: if i.is_multiple_of(2) { "basic" } else { "pro" }.into(),
         log: Vec::new(),
     }
 }

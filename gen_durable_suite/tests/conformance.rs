@@ -21,6 +21,8 @@ mod fsms;
 mod keys;
 #[path = "conformance/kit_only.rs"]
 mod kit_only;
+#[path = "conformance/migrations.rs"]
+mod migrations;
 #[path = "conformance/model.rs"]
 mod model;
 #[path = "conformance/outcomes.rs"]
@@ -124,6 +126,17 @@ conformance! {
     scheduling::a_retry_of_a_failed_step_woken_by_its_timeout_runs_it_again,
     scheduling::retry_refuses_a_unique_key_taken_meanwhile,
     scheduling::one_partition_never_runs_two_steps_at_once,
+    scheduling::a_cron_schedule_fires_on_the_clock,
+    migrations::a_runnable_old_row_is_migrated_on_claim_and_runs_on_the_new_version,
+    migrations::a_chain_moves_a_row_through_every_version_at_once,
+    migrations::a_failing_transform_leaves_the_row_on_its_version_and_retries_after_the_backoff,
+    migrations::a_panicking_transform_is_a_failed_migration,
+    migrations::a_parked_row_migrated_in_bulk_continues_at_the_mapped_step,
+    migrations::a_bulk_dry_run_reports_and_changes_nothing,
+    migrations::a_bulk_migration_without_a_chain_is_no_migration_and_changes_nothing,
+    migrations::a_removed_step_is_mapped_to_its_replacement,
+    migrations::a_node_without_the_new_version_runs_the_old_one,
+    migrations::a_failed_migration_keeps_the_signal_that_woke_the_row,
 }
 
 #[test]

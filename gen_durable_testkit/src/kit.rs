@@ -5,10 +5,10 @@ use std::future::{ready, Ready};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use gen_durable::runtime::{NewInstance, StepInput};
+use gen_durable::runtime::{NewInstance, Outcome, StepInput, StepOutput};
 use gen_durable::{
-    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, OutcomeKind, Registry, Result,
-    Schedule, Settled, Status, Target,
+    Cancelled, CatchUp, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions,
+    Migration, MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
 };
 use serde_json::Value;
 
@@ -22,6 +22,15 @@ pub fn epoch() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0)
         .single()
         .expect("a valid instant")
+}
+
+/// A catch-up policy's name as the engine stores it and names it in `schedule.skipped`.
+fn catch_up_name(c: CatchUp) -> &'static str {
+    match c {
+        CatchUp::Skip => "skip",
+        CatchUp::RunOnce => "run_once",
+        CatchUp::RunAll => "run_all",
+    }
 }
 
 /// The default `max_steps` of one `run_until_idle`.
@@ -84,6 +93,16 @@ impl TestKit {
     /// Registers FSM `F` (needed for FSMs only reached as children, when not linked).
     pub fn register<F: Fsm>(mut self) -> Self {
         self.registry.register::<F>();
+        self
+    }
+
+    /// Adds instance migration `M` (from `M::From` to `M`), as `EngineBuilder::migration`
+    /// does: a row of the old version the kit claims is moved to `M`'s version before its
+    /// step runs, if the kit runs that version (linked, registered or inserted), and
+    /// [`TestKit::migrate_instances`] applies it. `#[durable_migration]` ones are linked
+    /// already (unless [`TestKit::with_registry`]).
+    pub fn migration<M: Migration>(mut self) -> Self {
+        self.registry.add_migration::<M>();
         self
     }
 
@@ -194,7 +213,7 @@ impl TestKit {
             let Some(next) = *next else { continue };
             let plan = schedule.plan(next, now);
             let name = schedule.name().to_string();
-            let policy = format!("catch-up policy {:?}", schedule.catch_up());
+            let policy = format!("catch-up policy {}", catch_up_name(schedule.catch_up()));
             let mut built = Vec::new();
             let mut failed = Vec::new();
             for &fire in &plan.fires {
@@ -367,11 +386,34 @@ impl TestKit {
             .state = state;
     }
 
+    /// Moves the live rows of FSM `fsm` below version `to` to version `to` with the kit's
+    /// migrations, as `Client::migrate_instances` does: every chain is checked first
+    /// ([`Error::NoMigration`], and nothing changes, if a row's version has none or no
+    /// migration ends at `to`); a row whose transform fails (or panics) stays on its
+    /// version with the error in `last_error`, counted in `failed`; only the version, state
+    /// and step of a moved row change (a parked row stays parked). No step runs between the
+    /// kit's calls, so `executing` and `skipped` are 0. [`MigrateOptions::dry_run`] runs
+    /// the transforms and reports, writing nothing.
+    pub fn migrate_instances(
+        &mut self,
+        fsm: &str,
+        to: i32,
+        opts: MigrateOptions,
+    ) -> Ready<Result<MigrationReport>> {
+        ready(self.store.migrate_instances(&self.registry, fsm, to, opts))
+    }
+
     /// Runs every step that is due, one at a time in the pick's order, until nothing is
     /// runnable at the current virtual time; returns what was committed. Await timeouts
-    /// that are due fire first. Panics after `max_steps` steps, naming the instance that
-    /// ran most, and if a due instance belongs to an FSM the kit does not know.
+    /// that are due fire first. A claimed row of a version the kit migrates is moved first
+    /// (see [`TestKit::migration`]; a failed migration is no step). Panics after
+    /// `max_steps` steps, naming the instance that ran most, if a due instance belongs to
+    /// an FSM the kit does not know, and if a migration's step map is invalid (where an
+    /// engine fails to start: `Error::BadMigration`).
     pub async fn run_until_idle(&mut self) -> Tally {
+        if let Err(e) = self.registry.check_migrations() {
+            panic!("{e}");
+        }
         let mut tally = Tally::default();
         let mut per_instance: HashMap<i64, usize> = HashMap::new();
         let mut last: Vec<(i64, String, OutcomeKind)> = Vec::new();
@@ -386,7 +428,9 @@ impl TestKit {
             if tally.steps >= self.max_steps {
                 self.runaway(&per_instance, &last);
             }
-            let (step, kind) = self.run_one(id, now).await;
+            let Some((step, kind)) = self.run_one(id, now).await else {
+                continue; // a failed migration: its row waits out its backoff
+            };
             tally.record(kind);
             *per_instance.entry(id).or_default() += 1;
             last.push((id, step, kind));
@@ -427,12 +471,13 @@ impl TestKit {
         );
     }
 
-    /// Claims `id`, runs its step through the FSM's entry, delivers signals sent while it
-    /// ran, and commits its outcome. Returns the step and the committed kind.
-    async fn run_one(&mut self, id: i64, now: DateTime<Utc>) -> (String, OutcomeKind) {
-        let row = self.store.row_mut(id).expect("picked row exists");
-        row.status = Status::Executing;
-        let (fsm, version) = (row.fsm.clone(), row.version);
+    /// Claims `id`, migrates it if the kit migrates its version, runs its step through the
+    /// FSM's entry, delivers signals sent while it ran, and commits its outcome. Returns
+    /// the step and the committed kind; `None` if its migration failed (nothing ran).
+    async fn run_one(&mut self, id: i64, now: DateTime<Utc>) -> Option<(String, OutcomeKind)> {
+        self.store.row_mut(id).expect("picked row exists").status = Status::Executing;
+        let entry = self.upgrade(id, now)?;
+        let row = self.store.row(id).expect("picked row exists");
         let input = StepInput {
             attempt: row.attempt,
             awaits: row.awaits.clone(),
@@ -444,10 +489,6 @@ impl TestKit {
             ..input
         };
         let step = input.step.clone();
-        let entry: FsmEntry = *self
-            .registry
-            .get(&fsm, version)
-            .expect("pick only returns registered FSMs");
         let output = entry.run(input).await;
         self.deliver_deferred();
         let kind = output.outcome.kind();
@@ -459,11 +500,64 @@ impl TestKit {
             step: step.clone(),
             kind,
         });
-        (step, kind)
+        Some((step, kind))
     }
 
-    /// The telemetry events the kit emitted, in order (`step.stop` with the committed
-    /// kind for every step).
+    /// The lazy instance migration of claimed row `id`, as the engine's (`engine::upgrade`):
+    /// the entry to run it with — its own version's, or if the kit migrates that version,
+    /// the chain's last, once the whole chain has moved the row there (version, state and
+    /// step; `migration.applied`). If a transform fails or panics, the row stays on its
+    /// version and its unchanged step is committed as a `replay` after
+    /// `backoff(attempt)` with the error as `last_error` (`migration.failed`): `None`.
+    fn upgrade(&mut self, id: i64, now: DateTime<Utc>) -> Option<FsmEntry> {
+        let row = self.store.row_mut(id).expect("picked row exists");
+        let from = row.version;
+        let Some((to, migrated)) = self.registry.upgrade(&row.fsm, from, &row.state, &row.step)
+        else {
+            let entry = self.registry.get(&row.fsm, from);
+            return Some(*entry.expect("pick only returns FSMs the kit runs or migrates"));
+        };
+        let entry = *self
+            .registry
+            .get(&row.fsm, to)
+            .expect("a migration chain ends at a version the kit runs");
+        let fsm = entry.name;
+        match migrated {
+            Ok(m) => {
+                (row.version, row.state, row.step) = (m.version, m.state, m.step.to_string());
+                self.events
+                    .push(Event::InstanceMigrated { id, fsm, from, to });
+                Some(entry)
+            }
+            Err(error) => {
+                self.events.push(Event::MigrationFailed {
+                    id,
+                    fsm,
+                    from,
+                    to,
+                    error: error.clone(),
+                });
+                // `StepOutput::migration_failed`: what the engine commits.
+                let output = StepOutput {
+                    outcome: Outcome::Replay {
+                        delay: gen_durable::backoff(row.attempt),
+                    },
+                    state: row.state.clone(),
+                    awaited: Vec::new(),
+                    error: Some(error),
+                    tx: None,
+                    run_ahead: false,
+                    duration: Duration::ZERO,
+                };
+                self.store.apply(id, &output, now);
+                None
+            }
+        }
+    }
+
+    /// The telemetry events the kit emitted, in order: `step.stop` with the committed
+    /// kind for every step, `schedule.fired` / `schedule.skipped`, and `migration.applied`
+    /// / `migration.failed` for each claimed row it migrated or failed to.
     pub fn events(&self) -> &[Event] {
         &self.events
     }

@@ -17,6 +17,8 @@ use serde_json::Value;
 
 use crate::instance::Instance;
 
+mod migration;
+
 /// One row of `gd_instances`.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
@@ -89,6 +91,13 @@ pub(crate) struct Store {
     signals: BTreeMap<i64, StoredSignal>,
     last_id: i64,
     last_signal: i64,
+}
+
+/// Whether the kit claims rows of `(fsm, version)`: the pick's filter of the engine
+/// (`Registry::name_version_arrays`), i.e. a registered version, or one whose migration
+/// chain ends at a registered version (moved there when claimed).
+fn runs(registry: &Registry, fsm: &str, version: i32) -> bool {
+    registry.get(fsm, version).is_some() || registry.upgrade_path(fsm, version).is_some()
 }
 
 fn after(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
@@ -316,14 +325,14 @@ impl Store {
             .map(|r| r.id)
     }
 
-    /// CLAIM, one row at a time: the first runnable, eligible row of a registered
-    /// `(fsm, version)` by `(priority, eligible_at, id)` whose partition has no
-    /// executing row.
+    /// CLAIM, one row at a time: the first runnable, eligible row of an `(fsm, version)`
+    /// this kit runs or migrates (see `runs`) by `(priority, eligible_at, id)` whose
+    /// partition has no executing row.
     pub(crate) fn pick(&self, now: DateTime<Utc>, registry: &Registry) -> Option<i64> {
         self.rows
             .values()
             .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
-            .filter(|r| registry.get(&r.fsm, r.version).is_some())
+            .filter(|r| runs(registry, &r.fsm, r.version))
             .filter(|r| {
                 r.partition_key.as_ref().is_none_or(|k| {
                     !self.rows.values().any(|e| {
@@ -335,13 +344,13 @@ impl Store {
             .map(|r| r.id)
     }
 
-    /// Runnable, eligible rows no registered FSM can run: the kit reports them rather
-    /// than waiting on them forever.
+    /// Runnable, eligible rows no registered FSM can run, nor any migration move: the
+    /// kit reports them rather than waiting on them forever.
     pub(crate) fn unrunnable(&self, now: DateTime<Utc>, registry: &Registry) -> Vec<&Row> {
         self.rows
             .values()
             .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
-            .filter(|r| registry.get(&r.fsm, r.version).is_none())
+            .filter(|r| !runs(registry, &r.fsm, r.version))
             .collect()
     }
 

@@ -6,13 +6,19 @@
 //! backend and a scenario sees the same states on both. `advance` moves a manual clock;
 //! due schedules, replays and await timeouts fire at the next `run()` (the engine's
 //! pickers and timeout sweep act at start, on the clock's `$now`).
+//!
+//! `deploy` swaps the FSMs and instance migrations both sides run (the nodes, the client
+//! and the kit), as a deploy of new code does: rows written under the old code stay as
+//! they are until a claim or a bulk `migrate_instances` moves them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gen_durable::{Cancelled, Settled, Target};
+use gen_durable::{
+    Cancelled, MigrateOptions, MigrationReport, Registry, Schedule, Settled, Target,
+};
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
 };
@@ -95,7 +101,41 @@ pub trait Backend {
     async fn overwrite_state(&mut self, id: i64, state: Value);
     /// The committed kinds of `id`, from the `step.stop` events.
     fn kinds(&self, id: i64) -> Vec<OutcomeKind>;
+    /// Every event emitted so far, in order, other than `step.stop` (which `kinds` reads)
+    /// and the Postgres engine's own (node, listener, lease, wait, …): the kinds both
+    /// backends emit — schedules and instance migrations.
+    fn events(&self) -> Vec<Event>;
+    /// From now on the nodes, the client and the kit run `registry`: its FSM versions and
+    /// instance migrations (a deploy of new code).
+    async fn deploy(&mut self, registry: Registry);
+    /// `Client::migrate_instances` / `TestKit::migrate_instances`.
+    async fn migrate_instances(
+        &mut self,
+        fsm: &str,
+        to: i32,
+        opts: MigrateOptions,
+    ) -> Result<MigrationReport>;
+    /// Adds a periodic schedule, its first fire time the first after the clock's now (the
+    /// Postgres engine declares it at the next `run()`: call `run()` before `advance`).
+    async fn schedule(&mut self, schedule: Schedule);
     async fn close(self);
+}
+
+/// The events both backends emit, as `Backend::events` returns them.
+fn shared_events(events: &[Event]) -> Vec<Event> {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::ScheduleFired { .. }
+                    | Event::ScheduleSkipped { .. }
+                    | Event::InstanceMigrated { .. }
+                    | Event::MigrationFailed { .. }
+            )
+        })
+        .cloned()
+        .collect()
 }
 
 fn kinds_of(events: &[Event], id: i64) -> Vec<OutcomeKind> {
@@ -200,6 +240,23 @@ impl Backend for Kit {
     fn kinds(&self, id: i64) -> Vec<OutcomeKind> {
         self.kit.kinds(id)
     }
+    fn events(&self) -> Vec<Event> {
+        shared_events(self.kit.events())
+    }
+    async fn deploy(&mut self, registry: Registry) {
+        self.kit = std::mem::take(&mut self.kit).with_registry(registry);
+    }
+    async fn migrate_instances(
+        &mut self,
+        fsm: &str,
+        to: i32,
+        opts: MigrateOptions,
+    ) -> Result<MigrationReport> {
+        self.kit.migrate_instances(fsm, to, opts).await
+    }
+    async fn schedule(&mut self, schedule: Schedule) {
+        self.kit = std::mem::take(&mut self.kit).schedule(schedule);
+    }
     async fn close(self) {
         MAILERS.lock().unwrap().remove(&self.tag);
     }
@@ -215,6 +272,9 @@ pub struct Pg {
     events: Arc<Mutex<Vec<Event>>>,
     tag: String,
     max_steps: usize,
+    /// What each `run()`'s engine runs.
+    registry: Registry,
+    schedules: Vec<Schedule>,
 }
 
 /// How long one `run()` may take before the scenario fails.
@@ -240,6 +300,8 @@ impl Pg {
             events: Arc::default(),
             tag,
             max_steps: 2_000,
+            registry: crate::fsms::registry(),
+            schedules: Vec::new(),
         }
     }
 
@@ -256,10 +318,16 @@ impl Pg {
                 .with_max_poll_interval(Duration::from_millis(20))
         };
         let events = self.events.clone();
-        Engine::builder(self.db.pool().clone())
+        let builder = self
+            .schedules
+            .iter()
+            .fold(Engine::builder(self.db.pool().clone()), |b, s| {
+                b.schedule(s.clone())
+            });
+        builder
             .with_pooler(self.db.pooler())
             .with_listener(self.db.listener())
-            .with_registry(crate::fsms::registry())
+            .with_registry(self.registry.clone())
             .with_clock(self.clock.clone())
             // One step at a time on "conf", in the pick's order, like the kit.
             .queue_with("conf", fast(1))
@@ -269,6 +337,23 @@ impl Pg {
             .start()
             .await
             .expect("engine starts")
+    }
+
+    /// Whether the engine's scheduler has made its pass at the clock's time: every
+    /// schedule is declared and its next fire time is after now (or it never fires
+    /// again). The fire times it inserted are committed with that pass.
+    async fn scheduled(&self) -> bool {
+        let names: Vec<&str> = self.schedules.iter().map(Schedule::name).collect();
+        let passed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM gd_schedules
+              WHERE name = ANY ($1) AND (next_fire IS NULL OR next_fire > $2)",
+        )
+        .bind(&names)
+        .bind(self.now())
+        .fetch_one(self.db.direct())
+        .await
+        .expect("schedules query");
+        passed == names.len() as i64
     }
 
     /// Nothing executing, nothing due: no runnable row eligible by the clock and no
@@ -386,7 +471,7 @@ impl Backend for Pg {
         let engine = self.engine().await;
         let deadline = tokio::time::Instant::now() + RUN_DEADLINE;
         loop {
-            if self.idle().await {
+            if self.scheduled().await && self.idle().await {
                 break;
             }
             let stops = self.step_stops(from);
@@ -438,6 +523,24 @@ impl Backend for Pg {
     }
     fn kinds(&self, id: i64) -> Vec<OutcomeKind> {
         kinds_of(&self.events.lock().unwrap(), id)
+    }
+    fn events(&self) -> Vec<Event> {
+        shared_events(&self.events.lock().unwrap())
+    }
+    async fn deploy(&mut self, registry: Registry) {
+        self.client = self.client.clone().with_registry(registry.clone());
+        self.registry = registry;
+    }
+    async fn migrate_instances(
+        &mut self,
+        fsm: &str,
+        to: i32,
+        opts: MigrateOptions,
+    ) -> Result<MigrationReport> {
+        self.client.migrate_instances(fsm, to, opts).await
+    }
+    async fn schedule(&mut self, schedule: Schedule) {
+        self.schedules.push(schedule);
     }
     async fn close(self) {
         MAILERS.lock().unwrap().remove(&self.tag);

@@ -323,6 +323,80 @@ async fn insert_json_checks_like_the_client() {
         .is_err());
 }
 
+/// `.migration::<M>()` adds a migration as `EngineBuilder::migration` does: a row of the
+/// old version moves to the new one when the kit claims it, if the kit runs the new one.
+#[tokio::test]
+async fn the_kit_takes_a_migration_from_its_builder() {
+    use crate::migrations::{v1, v2};
+
+    let mut kit = kit().migration::<v2::Plan>();
+    let old = kit
+        .insert::<v1::Plan>(S::n(2))
+        .step("legacy")
+        .await
+        .unwrap();
+    kit.run_until_idle().await;
+    kit.assert_done(old, json!("v1 legacy ran"));
+    assert_eq!(
+        kit.instance(old).fsm_version,
+        1,
+        "v2 is not run: not migrated"
+    );
+
+    let mut kit = kit.register::<v2::Plan>();
+    let id = kit
+        .insert::<v1::Plan>(S::n(2))
+        .step("legacy")
+        .await
+        .unwrap();
+    kit.run_until_idle().await;
+    kit.assert_done(
+        id,
+        json!({ "v": 2, "cents": 200, "log": ["1->2"], "awaited": 0 }),
+    );
+    assert_eq!(kit.instance(id).fsm_version, 2);
+}
+
+mod broken {
+    use crate::fsms::S;
+    use crate::migrations::v1;
+    use crate::test_fsm;
+    use gen_durable::{Migration, MigrationError, Step};
+    use serde_json::json;
+
+    test_fsm!(Plan, state = S, queue = "conf", version = 9, {
+        Only => "only" |_ctx| { Ok(Step::done(json!(null))) },
+    });
+
+    /// A step map that panics on one old step: an engine refuses to start with it.
+    impl Migration for Plan {
+        type From = v1::Plan;
+        fn migrate_state(old: S) -> Result<S, MigrationError> {
+            Ok(old)
+        }
+        fn migrate_step(old: v1::Plan) -> Self {
+            match old {
+                v1::Plan::Legacy => panic!("no place for legacy"),
+                _ => Plan::Only,
+            }
+        }
+    }
+}
+
+/// Where an engine fails to start (`Error::BadMigration`), the kit's run panics.
+#[tokio::test]
+async fn a_migration_whose_step_map_panics_fails_the_run() {
+    let mut kit = kit().register::<broken::Plan>().migration::<broken::Plan>();
+    let err = AssertUnwindSafe(kit.run_until_idle())
+        .catch_unwind_message()
+        .await;
+    assert!(
+        err.contains("from v1 to v9 is invalid")
+            && err.contains("the step map panicked on \"legacy\": no place for legacy"),
+        "{err}"
+    );
+}
+
 fn panic_message(f: impl FnOnce()) -> String {
     let err = std::panic::catch_unwind(AssertUnwindSafe(f)).expect_err("expected a panic");
     message(err)

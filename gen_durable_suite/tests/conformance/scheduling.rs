@@ -371,3 +371,45 @@ pub async fn one_partition_never_runs_two_steps_at_once<B: Backend>(b: &mut B) {
     .collect();
     assert_eq!(order, want);
 }
+
+/// A cron schedule fires on the clock: nothing before its first fire time, then one
+/// instance per fire time keyed by `fire_key`; after a jump over three fire times, one for
+/// the newest (the default catch-up, `RunOnce`), the other two reported skipped.
+pub async fn a_cron_schedule_fires_on_the_clock<B: Backend>(b: &mut B) {
+    use gen_durable::{fire_key, Entry, Event, Schedule};
+
+    let tick = Schedule::cron("tick", "* * * * *", |_| Entry::<Counter>::new(S::default()))
+        .expect("a valid pattern");
+    b.schedule(tick).await;
+    assert_eq!(b.run().await.steps, 0, "no fire time has come");
+    assert!(b.events().is_empty());
+
+    let minute = |m: i64| gen_durable_testkit::epoch() + chrono::Duration::minutes(m);
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let first = b.get_by_key(&fire_key("tick", minute(1))).await;
+    first.assert_done(json!({ "total": 111 }));
+
+    b.advance(Duration::from_secs(180)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let newest = b.get_by_key(&fire_key("tick", minute(4))).await;
+    newest.assert_done(json!({ "total": 111 }));
+    assert_eq!(newest.id, first.id + 1, "00:02 and 00:03 inserted nothing");
+    let fired = |m: i64, id: i64| Event::ScheduleFired {
+        schedule: "tick".into(),
+        fire_time: minute(m),
+        id: Some(id),
+    };
+    assert_eq!(
+        b.events(),
+        [
+            fired(1, first.id),
+            fired(4, newest.id),
+            Event::ScheduleSkipped {
+                schedule: "tick".into(),
+                count: 2,
+                reason: "catch-up policy run_once".into(),
+            },
+        ]
+    );
+}
