@@ -313,7 +313,7 @@ impl Client {
         to: i32,
         opts: MigrateOptions,
     ) -> Result<MigrationReport> {
-        crate::migrate_instances::run(&self.pool, &self.registry, fsm, to, opts).await
+        crate::migrate_instances::run(&self.pool, &self.clock, &self.registry, fsm, to, opts).await
     }
 
     /// Makes a `failed` instance run again at the step it failed in, with `attempt` 0.

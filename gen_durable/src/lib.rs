@@ -122,7 +122,7 @@ pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
 pub use migrate::migrate;
-pub use migrate_instances::{MigrateOptions, MigrationReport};
+pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
 pub use registry::{FsmEntry, Registry};

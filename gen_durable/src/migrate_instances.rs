@@ -10,8 +10,11 @@ use serde::Serialize;
 use sqlx::types::Json;
 use sqlx::PgPool;
 
+use serde_json::Value;
+
+use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::instance_migration::{apply_path, MigrationEntry};
+use crate::instance_migration::{apply_path, Migrated, MigrationEntry};
 use crate::registry::Registry;
 use crate::store::pg::migration;
 
@@ -82,32 +85,112 @@ impl MigrationReport {
 
 const LISTED_FAILURES: usize = 20;
 
+/// The engine-independent part of a bulk migration, shared by
+/// [`crate::Client::migrate_instances`] and the testkit's: the chains checked before
+/// anything is written, each batch's rows transformed, the report kept.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct BulkPass<'r> {
+    registry: &'r Registry,
+    paths: BTreeMap<i32, Vec<MigrationEntry>>,
+    report: MigrationReport,
+}
+
+/// A batch's outcome: rows moved `(id, migrated)`, rows whose transform failed `(id, error)`.
+#[doc(hidden)]
+pub type BatchOutcome = (Vec<(i64, Migrated)>, Vec<(i64, String)>);
+
+impl<'r> BulkPass<'r> {
+    /// Checks every chain: from each of `versions` (those live rows of `fsm` below `to`
+    /// are at) to `to`, and that some migration ends at `to` — else
+    /// [`Error::NoMigration`], before anything is written.
+    pub fn new(
+        registry: &'r Registry,
+        fsm: &str,
+        to: i32,
+        versions: &[i32],
+        dry_run: bool,
+    ) -> Result<Self> {
+        if !registry.migrations().any(|m| m.name == fsm && m.to == to) {
+            let from = versions.first().copied().unwrap_or(0);
+            return Err(registry.path_to(fsm, from, to).err().unwrap_or_else(|| {
+                Error::InvalidConfig(format!("no migration of {fsm} to v{to}"))
+            }));
+        }
+        let mut paths = BTreeMap::new();
+        for &v in versions {
+            paths.insert(v, registry.path_to(fsm, v, to)?);
+        }
+        Ok(BulkPass {
+            registry,
+            paths,
+            report: MigrationReport {
+                fsm: fsm.to_string(),
+                to,
+                dry_run,
+                ..MigrationReport::default()
+            },
+        })
+    }
+
+    /// Transforms one batch of rows `(id, version, step, state)` and counts the outcome.
+    pub fn batch<'a>(
+        &mut self,
+        rows: impl IntoIterator<Item = (i64, i32, &'a str, &'a Value)>,
+    ) -> BatchOutcome {
+        let (fsm, to) = (self.report.fsm.as_str(), self.report.to);
+        let mut moved = Vec::new();
+        let mut failed = Vec::new();
+        for (id, version, step, state) in rows {
+            let path = match self.paths.get(&version) {
+                Some(p) => p,
+                // A version inserted since the check: its chain is checked now.
+                None => match self.registry.path_to(fsm, version, to) {
+                    Ok(p) => self.paths.entry(version).or_insert(p),
+                    Err(e) => {
+                        failed.push((id, e.to_string()));
+                        continue;
+                    }
+                },
+            };
+            match apply_path(path, state, step) {
+                Ok(m) => {
+                    *self.report.migrated.entry(version).or_default() += 1;
+                    moved.push((id, m));
+                }
+                Err(e) => failed.push((id, e)),
+            }
+        }
+        self.report.failed += failed.len() as u64;
+        let room = LISTED_FAILURES.saturating_sub(self.report.failures.len());
+        self.report
+            .failures
+            .extend(failed.iter().take(room).cloned());
+        (moved, failed)
+    }
+
+    /// The report, given what is left below `to` after the pass: `executing` rows and
+    /// `other` live rows (failed ones, and in a dry run the ones it would have moved,
+    /// are not counted as skipped).
+    pub fn finish(mut self, executing: u64, other: u64) -> MigrationReport {
+        let r = &mut self.report;
+        r.executing = executing;
+        let accounted = r.failed + if r.dry_run { r.migrated_total() } else { 0 };
+        r.skipped = other.saturating_sub(accounted);
+        self.report
+    }
+}
+
 pub(crate) async fn run(
     pool: &PgPool,
+    clock: &Clock,
     registry: &Registry,
     fsm: &str,
     to: i32,
     opts: MigrateOptions,
 ) -> Result<MigrationReport> {
-    // Every chain is checked before anything is written.
     let versions = migration::old_versions(pool, fsm, to).await?;
-    if !registry.migrations().any(|m| m.name == fsm && m.to == to) {
-        return Err(registry
-            .path_to(fsm, versions.first().copied().unwrap_or(0), to)
-            .err()
-            .unwrap_or_else(|| Error::InvalidConfig(format!("no migration of {fsm} to v{to}"))));
-    }
-    let mut paths: BTreeMap<i32, Vec<MigrationEntry>> = BTreeMap::new();
-    for v in versions {
-        paths.insert(v, registry.path_to(fsm, v, to)?);
-    }
-
-    let mut report = MigrationReport {
-        fsm: fsm.to_string(),
-        to,
-        dry_run: opts.dry_run,
-        ..MigrationReport::default()
-    };
+    let mut pass = BulkPass::new(registry, fsm, to, &versions, opts.dry_run)?;
     let limit = i64::try_from(opts.batch.max(1)).unwrap_or(i64::MAX);
     let mut after = 0_i64;
     loop {
@@ -115,49 +198,17 @@ pub(crate) async fn run(
         let rows = migration::batch(&mut *tx, fsm, to, after, limit, !opts.dry_run).await?;
         let Some(last) = rows.last() else { break };
         after = last.0;
-        let mut moved = Vec::new();
-        let mut failed = Vec::new();
-        for (id, version, step, Json(state)) in rows {
-            let path = match paths.get(&version) {
-                Some(p) => p,
-                // A version inserted since the check: its chain is checked now.
-                None => match registry.path_to(fsm, version, to) {
-                    Ok(p) => paths.entry(version).or_insert(p),
-                    Err(e) => {
-                        failed.push((id, e.to_string()));
-                        continue;
-                    }
-                },
-            };
-            match apply_path(path, &state, &step) {
-                Ok(m) => moved.push((id, version, m)),
-                Err(e) => failed.push((id, e)),
-            }
-        }
+        let (moved, failed) = pass.batch(
+            rows.iter()
+                .map(|(id, version, step, Json(state))| (*id, *version, step.as_str(), state)),
+        );
         if !opts.dry_run {
-            let rows: Vec<_> = moved
-                .iter()
-                .map(|(id, _, m)| (*id, m.version, m.state.clone(), m.step))
-                .collect();
-            migration::apply_batch(&mut *tx, &rows).await?;
-            migration::note_failed(&mut *tx, &failed).await?;
+            let now = clock.now_param();
+            migration::apply_batch(&mut *tx, &moved, now).await?;
+            migration::note_failed(&mut *tx, &failed, now).await?;
             tx.commit().await?;
         }
-        for (_, from, _) in &moved {
-            *report.migrated.entry(*from).or_default() += 1;
-        }
-        report.failed += failed.len() as u64;
-        let room = LISTED_FAILURES.saturating_sub(report.failures.len());
-        report.failures.extend(failed.into_iter().take(room));
     }
     let (executing, other) = migration::left(pool, fsm, to).await?;
-    report.executing = executing as u64;
-    let accounted = report.failed
-        + if opts.dry_run {
-            report.migrated_total()
-        } else {
-            0
-        };
-    report.skipped = (other as u64).saturating_sub(accounted);
-    Ok(report)
+    Ok(pass.finish(executing as u64, other as u64))
 }

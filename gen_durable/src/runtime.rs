@@ -89,7 +89,7 @@ pub struct StepOutput {
 impl StepOutput {
     /// A claimed row whose instance migration failed: a `replay` of its unchanged step,
     /// on its old version with its stored state, after `backoff(attempt)`, recording `error`.
-    pub(crate) fn migration_failed(state: Value, error: String, attempt: i32) -> Self {
+    pub fn migration_failed(state: Value, error: String, attempt: i32) -> Self {
         StepOutput {
             outcome: Outcome::Replay {
                 delay: crate::fsm::backoff(attempt),

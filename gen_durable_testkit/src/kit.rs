@@ -5,7 +5,7 @@ use std::future::{ready, Ready};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use gen_durable::runtime::{NewInstance, Outcome, StepInput, StepOutput};
+use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
     Cancelled, CatchUp, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions,
     Migration, MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
@@ -537,18 +537,7 @@ impl TestKit {
                     to,
                     error: error.clone(),
                 });
-                // `StepOutput::migration_failed`: what the engine commits.
-                let output = StepOutput {
-                    outcome: Outcome::Replay {
-                        delay: gen_durable::backoff(row.attempt),
-                    },
-                    state: row.state.clone(),
-                    awaited: Vec::new(),
-                    error: Some(error),
-                    tx: None,
-                    run_ahead: false,
-                    duration: Duration::ZERO,
-                };
+                let output = StepOutput::migration_failed(row.state.clone(), error, row.attempt);
                 self.store.apply(id, &output, now);
                 None
             }

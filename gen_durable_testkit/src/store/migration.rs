@@ -6,16 +6,9 @@
 //! Batches make no difference here: no step runs while the kit's caller holds it, so
 //! no row is ever locked or executing, and one pass over the rows by id is every batch.
 
-use std::collections::BTreeMap;
-
-use gen_durable::__private::apply_path;
-use gen_durable::{Error, MigrateOptions, MigrationEntry, MigrationReport, Registry, Result};
-use gen_durable::{Migrated, Status};
+use gen_durable::{BulkPass, MigrateOptions, MigrationReport, Registry, Result, Status};
 
 use super::{Row, Store};
-
-/// The failures a report lists (the rest are counted), as the client's.
-const LISTED_FAILURES: usize = 20;
 
 impl Row {
     /// Live: neither `done` nor `failed` (`status NOT IN ('done', 'failed')`).
@@ -84,63 +77,25 @@ impl Store {
         opts: MigrateOptions,
     ) -> Result<MigrationReport> {
         let versions = self.old_versions(fsm, to);
-        if !registry.migrations().any(|m| m.name == fsm && m.to == to) {
-            return Err(registry
-                .path_to(fsm, versions.first().copied().unwrap_or(0), to)
-                .err()
-                .unwrap_or_else(|| {
-                    Error::InvalidConfig(format!("no migration of {fsm} to v{to}"))
-                }));
-        }
-        let mut paths: BTreeMap<i32, Vec<MigrationEntry>> = BTreeMap::new();
-        for v in versions {
-            paths.insert(v, registry.path_to(fsm, v, to)?);
-        }
-
-        let mut report = MigrationReport {
-            fsm: fsm.to_string(),
-            to,
-            dry_run: opts.dry_run,
-            ..MigrationReport::default()
-        };
-        let mut moved: Vec<(i64, i32, Migrated)> = Vec::new();
-        let mut failed: Vec<(i64, String)> = Vec::new();
-        for id in self.movable(fsm, to) {
-            let row = &self.rows[&id];
-            // Every movable row is live, so its version's chain was checked above.
-            let path = &paths[&row.version];
-            match apply_path(path, &row.state, &row.step) {
-                Ok(m) => moved.push((id, row.version, m)),
-                Err(e) => failed.push((id, e)),
-            }
-        }
+        let mut pass = BulkPass::new(registry, fsm, to, &versions, opts.dry_run)?;
+        let ids = self.movable(fsm, to);
+        let (moved, failed) = pass.batch(ids.iter().map(|id| {
+            let row = &self.rows[id];
+            (row.id, row.version, row.step.as_str(), &row.state)
+        }));
         if !opts.dry_run {
-            for (id, _, m) in &moved {
-                let row = self.rows.get_mut(id).expect("a movable row exists");
-                (row.version, row.state, row.step) = (m.version, m.state.clone(), m.step.into());
+            for (id, m) in moved {
+                let row = self.rows.get_mut(&id).expect("a movable row exists");
+                (row.version, row.state, row.step) = (m.version, m.state, m.step.into());
             }
-            for (id, error) in &failed {
+            for (id, error) in failed {
                 self.rows
-                    .get_mut(id)
+                    .get_mut(&id)
                     .expect("a movable row exists")
-                    .last_error = Some(error.clone());
+                    .last_error = Some(error);
             }
         }
-        for (_, from, _) in &moved {
-            *report.migrated.entry(*from).or_default() += 1;
-        }
-        report.failed = failed.len() as u64;
-        report.failures = failed.into_iter().take(LISTED_FAILURES).collect();
-
         let (executing, other) = self.left(fsm, to);
-        report.executing = executing;
-        let accounted = report.failed
-            + if opts.dry_run {
-                report.migrated_total()
-            } else {
-                0
-            };
-        report.skipped = other.saturating_sub(accounted);
-        Ok(report)
+        Ok(pass.finish(executing, other))
     }
 }

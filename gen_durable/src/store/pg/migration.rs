@@ -14,6 +14,7 @@ use sqlx::types::Json;
 use sqlx::PgExecutor;
 
 use crate::error::Result;
+use crate::instance_migration::Migrated;
 
 /// Moves a claimed row to `$3` with its new state and step, fenced by the claim: a row
 /// reaped (and perhaps claimed elsewhere) meanwhile is not touched. Attempt, awaits,
@@ -115,24 +116,26 @@ pub(crate) async fn batch<'e>(
 /// Writes a batch's migrated rows (locked by the batch's transaction).
 const APPLY_BATCH: &str = r#"/* gd:migrate */
 UPDATE gd_instances i
-   SET fsm_version = u.version, state = u.state, step = u.step, updated_at = now()
+   SET fsm_version = u.version, state = u.state, step = u.step, updated_at = coalesce($5, now())
   FROM unnest($1::int8[], $2::int4[], $3::jsonb[], $4::text[]) AS u(id, version, state, step)
  WHERE i.id = u.id
 "#;
 
 pub(crate) async fn apply_batch<'e>(
     db: impl PgExecutor<'e>,
-    rows: &[(i64, i32, Value, &str)],
+    rows: &[(i64, Migrated)],
+    now: Option<DateTime<Utc>>,
 ) -> Result<u64> {
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    let versions: Vec<i32> = rows.iter().map(|r| r.1).collect();
-    let states: Vec<Json<&Value>> = rows.iter().map(|r| Json(&r.2)).collect();
-    let steps: Vec<&str> = rows.iter().map(|r| r.3).collect();
+    let versions: Vec<i32> = rows.iter().map(|r| r.1.version).collect();
+    let states: Vec<Json<&Value>> = rows.iter().map(|r| Json(&r.1.state)).collect();
+    let steps: Vec<&str> = rows.iter().map(|r| r.1.step).collect();
     Ok(sqlx::query(APPLY_BATCH)
         .bind(ids)
         .bind(versions)
         .bind(states)
         .bind(steps)
+        .bind(now)
         .execute(db)
         .await?
         .rows_affected())
@@ -140,16 +143,21 @@ pub(crate) async fn apply_batch<'e>(
 
 /// Records why a row's transform failed, leaving it on its version.
 const NOTE_FAILED: &str = r#"/* gd:migrate */
-UPDATE gd_instances i SET last_error = u.error, updated_at = now()
+UPDATE gd_instances i SET last_error = u.error, updated_at = coalesce($3, now())
   FROM unnest($1::int8[], $2::text[]) AS u(id, error)
  WHERE i.id = u.id
 "#;
 
-pub(crate) async fn note_failed<'e>(db: impl PgExecutor<'e>, rows: &[(i64, String)]) -> Result<()> {
+pub(crate) async fn note_failed<'e>(
+    db: impl PgExecutor<'e>,
+    rows: &[(i64, String)],
+    now: Option<DateTime<Utc>>,
+) -> Result<()> {
     let (ids, errors): (Vec<i64>, Vec<&str>) = rows.iter().map(|(i, e)| (*i, e.as_str())).unzip();
     sqlx::query(NOTE_FAILED)
         .bind(ids)
         .bind(errors)
+        .bind(now)
         .execute(db)
         .await?;
     Ok(())
