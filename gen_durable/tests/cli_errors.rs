@@ -77,7 +77,7 @@ async fn missing_database() {
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_rows_ended, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, _sqlx_migrations; DROP TYPE gd_status;",
+        "DROP FUNCTION gd_commit_outcomes, gd_reap, gd_release, gd_rows_ended, gd_fan_in; DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, gd_queue_pauses, _sqlx_migrations; DROP TYPE gd_status;",
     )
     .execute(db.pool())
     .await
@@ -117,6 +117,7 @@ async fn not_migrated_then_migrate() {
     assert!(r.stdout.contains("0004 commit"), "{}", r.stdout);
     assert!(r.stdout.contains("0005 contention"), "{}", r.stdout);
     assert!(r.stdout.contains("0008 schedules"), "{}", r.stdout);
+    assert!(r.stdout.contains("0009 queue pauses"), "{}", r.stdout);
     gd_on(&db, &["status"]).expect(0);
     db.close().await;
 }

@@ -39,7 +39,8 @@ const EXPIRED_IDS_SHOWN: i32 = 10;
 const SCHEMA_STATE: &str = r#"/* gd:admin */
 SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
        CASE WHEN to_regclass('gd_nodes') IS NULL THEN 'gd_nodes'
-            WHEN to_regclass('gd_schedules') IS NULL THEN 'gd_schedules' END AS missing,
+            WHEN to_regclass('gd_schedules') IS NULL THEN 'gd_schedules'
+            WHEN to_regclass('gd_queue_pauses') IS NULL THEN 'gd_queue_pauses' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 
