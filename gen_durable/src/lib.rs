@@ -101,6 +101,8 @@ mod wait;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 
 #[doc(hidden)]
 pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};

@@ -1,0 +1,164 @@
+//! Metrics (feature `metrics`): every telemetry [`Event`] recorded through the `metrics`
+//! facade, queue gauges read from the database, and a Prometheus recorder to render them.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> gen_durable::Result<()> {
+//! let prometheus = gen_durable::metrics::install_prometheus()?;
+//! let engine = gen_durable::Engine::builder(pool.clone())
+//!     .queue("default", 16)
+//!     .on_event(gen_durable::metrics::record)
+//!     .start()
+//!     .await?;
+//! // On each scrape (your HTTP handler, or the dashboard's `/metrics`):
+//! gen_durable::metrics::observe_queues(&pool).await?;
+//! let text = prometheus.render();
+//! # Ok(()) }
+//! ```
+//!
+//! What is exported (names as Prometheus shows them):
+//! - `gen_durable_step_duration_seconds{fsm,step,kind}` (histogram) and
+//!   `gen_durable_steps_total{fsm,kind}`: each committed step, by outcome kind;
+//! - `gen_durable_picks_total{queue}`, `gen_durable_picked_rows_total{queue}`;
+//! - `gen_durable_commits_total`, `gen_durable_committed_outcomes_total`,
+//!   `gen_durable_commit_duration_seconds` (histogram): group commits;
+//! - `gen_durable_saturation{queue}` (steps running / concurrency) and
+//!   `gen_durable_buffered{queue}` (claimed rows waiting for a slot);
+//! - `gen_durable_reaped_total`, `gen_durable_lease_lost_total{fsm}`,
+//!   `gen_durable_await_timed_out_total`, `gen_durable_collected_total`,
+//!   `gen_durable_partition_contended_total`, `gen_durable_migrations_total{fsm,result}`,
+//!   `gen_durable_schedule_fired_total{schedule}`, `gen_durable_schedule_skipped_total{schedule}`;
+//! - from [`observe_queues`]: `gen_durable_queue_depth{queue,status}` for `runnable` (and
+//!   `ready`: runnable and due now) and `executing`, and `gen_durable_queue_lag_seconds{queue}`
+//!   (age of the oldest due runnable row). These are read through the pick and lease indexes,
+//!   so a scrape costs the live rows, not the table. Parked and finished rows are not
+//!   counted here (counting them is a scan of the table: `gen_durable status` does it on
+//!   demand); their rates are in `gen_durable_steps_total`.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::store::pg::admin;
+use crate::telemetry::Event;
+
+/// Histogram buckets (seconds) of the step and commit durations: 100 µs to 60 s.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0, 60.0,
+];
+
+/// Installs a Prometheus recorder as this process's `metrics` recorder and returns the
+/// handle whose `render()` is the text exposition. Once per process: a second call, or a
+/// process that installed another recorder, gets [`Error::InvalidConfig`].
+pub fn install_prometheus() -> Result<PrometheusHandle> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), DURATION_BUCKETS)
+        .map_err(|e| Error::InvalidConfig(format!("prometheus buckets: {e}")))?
+        .install_recorder()
+        .map_err(|e| Error::InvalidConfig(format!("cannot install the Prometheus recorder: {e}")))
+}
+
+fn secs(d: &Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Records one telemetry event as metrics through the `metrics` facade (whatever recorder
+/// is installed). Pass it to `EngineBuilder::on_event`.
+pub fn record(event: &Event) {
+    match event {
+        Event::StepStop {
+            duration,
+            fsm,
+            step,
+            kind,
+            ..
+        } => {
+            let (fsm, kind) = (*fsm, kind.as_str());
+            histogram!("gen_durable_step_duration_seconds", "fsm" => fsm, "step" => step.clone(), "kind" => kind)
+                .record(secs(duration));
+            counter!("gen_durable_steps_total", "fsm" => fsm, "kind" => kind).increment(1);
+        }
+        Event::PickStop { count, queue, .. } => {
+            counter!("gen_durable_picks_total", "queue" => queue.clone()).increment(1);
+            counter!("gen_durable_picked_rows_total", "queue" => queue.clone())
+                .increment(*count as u64);
+        }
+        Event::CommitStop {
+            duration,
+            committed,
+            ..
+        } => {
+            counter!("gen_durable_commits_total").increment(1);
+            counter!("gen_durable_committed_outcomes_total").increment(*committed as u64);
+            histogram!("gen_durable_commit_duration_seconds").record(secs(duration));
+        }
+        Event::SchedulerSaturation {
+            in_flight,
+            buffer,
+            concurrency,
+            queue,
+            ..
+        } => {
+            let used = *in_flight as f64 / (*concurrency).max(1) as f64;
+            gauge!("gen_durable_saturation", "queue" => queue.clone()).set(used);
+            gauge!("gen_durable_buffered", "queue" => queue.clone()).set(*buffer as f64);
+        }
+        Event::ReaperReaped { count, .. } => {
+            counter!("gen_durable_reaped_total").increment(*count as u64);
+        }
+        Event::LeaseLost { fsm, .. } => {
+            counter!("gen_durable_lease_lost_total", "fsm" => *fsm).increment(1);
+        }
+        Event::AwaitTimedOut { count } => {
+            counter!("gen_durable_await_timed_out_total").increment(*count as u64);
+        }
+        Event::CollectorDeleted { count } => {
+            counter!("gen_durable_collected_total").increment(*count as u64);
+        }
+        Event::PartitionContended { count, .. } => {
+            counter!("gen_durable_partition_contended_total").increment(*count as u64);
+        }
+        Event::InstanceMigrated { fsm, .. } => {
+            counter!("gen_durable_migrations_total", "fsm" => *fsm, "result" => "applied")
+                .increment(1);
+        }
+        Event::MigrationFailed { fsm, .. } => {
+            counter!("gen_durable_migrations_total", "fsm" => *fsm, "result" => "failed")
+                .increment(1);
+        }
+        Event::ScheduleFired { schedule, .. } => {
+            counter!("gen_durable_schedule_fired_total", "schedule" => schedule.clone())
+                .increment(1);
+        }
+        Event::ScheduleSkipped {
+            schedule, count, ..
+        } => {
+            counter!("gen_durable_schedule_skipped_total", "schedule" => schedule.clone())
+                .increment(*count as u64);
+        }
+        Event::SchedulerDrain { .. }
+        | Event::LeasesExtended { .. }
+        | Event::ListenerConnected { .. }
+        | Event::WaitStop { .. } => {}
+    }
+}
+
+/// Sets the queue gauges from the database (see the module's list): one index-driven
+/// statement. Call it on each scrape.
+pub async fn observe_queues(pool: &PgPool) -> Result<()> {
+    for q in admin::live_queue_gauges(pool).await? {
+        let queue = q.queue;
+        gauge!("gen_durable_queue_depth", "queue" => queue.clone(), "status" => "runnable")
+            .set(q.runnable as f64);
+        gauge!("gen_durable_queue_depth", "queue" => queue.clone(), "status" => "ready")
+            .set(q.ready as f64);
+        gauge!("gen_durable_queue_depth", "queue" => queue.clone(), "status" => "executing")
+            .set(q.executing as f64);
+        gauge!("gen_durable_queue_lag_seconds", "queue" => queue).set(q.lag_seconds);
+    }
+    Ok(())
+}
