@@ -5,7 +5,7 @@ pub use crate::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
 pub use crate::instance_migration::{apply_path, MigrationEntry};
 pub use crate::job::{JobResult, RetryPolicy};
 pub use crate::registry::FsmEntry;
-pub use crate::schedule::Plan;
+pub use crate::schedule::{Built, Plan};
 pub use crate::state::{cast_field, json_kind, CastError, DurableState};
 pub use inventory;
 pub use serde_json;

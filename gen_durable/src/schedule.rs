@@ -50,6 +50,16 @@ impl CatchUp {
     pub const SKIP_GRACE: ChronoDuration = ChronoDuration::seconds(60);
     /// Fire times [`CatchUp::RunAll`] inserts in one transaction; the next pass goes on.
     pub const RUN_ALL_BATCH: usize = 500;
+
+    /// Its name as stored in `gd_schedules.catch_up` and shown: `skip`, `run_once`,
+    /// `run_all`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CatchUp::Skip => "skip",
+            CatchUp::RunOnce => "run_once",
+            CatchUp::RunAll => "run_all",
+        }
+    }
 }
 
 /// Builds the instance a fire time inserts (type-erased [`Entry`]).
@@ -275,6 +285,48 @@ impl Schedule {
         }
         Ok(row)
     }
+}
+
+impl Schedule {
+    /// The rows `plan`'s fire times insert (see [`Schedule::instance`]); a fire time whose
+    /// entry cannot be built is counted and its error kept instead. The engine's scheduler
+    /// and the testkit both insert by it.
+    #[doc(hidden)]
+    pub fn build(&self, plan: &Plan) -> Built {
+        let mut built = Built {
+            rows: Vec::with_capacity(plan.fires.len()),
+            failed: 0,
+            error: None,
+        };
+        for &fire in &plan.fires {
+            match self.instance(fire) {
+                Ok(row) => built.rows.push((fire, row)),
+                Err(e) => {
+                    built.failed += 1;
+                    built.error = Some(format!("fire time {fire}: {e}"));
+                }
+            }
+        }
+        built
+    }
+
+    /// The reason `schedule.skipped` gives for fire times the catch-up policy left out.
+    #[doc(hidden)]
+    pub fn policy_reason(&self) -> String {
+        format!("catch-up policy {}", self.catch_up.as_str())
+    }
+}
+
+/// The rows of one plan (see [`Schedule::build`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Built {
+    /// Each fire time with its row, oldest first.
+    pub rows: Vec<(DateTime<Utc>, NewInstance)>,
+    /// Fire times whose entry could not be built.
+    pub failed: usize,
+    /// The last of their errors.
+    pub error: Option<String>,
 }
 
 /// A schedule's name and parsed pattern, or what is wrong with them.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
-    Cancelled, CatchUp, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions,
-    Migration, MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
+    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions, Migration,
+    MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
 };
 use serde_json::Value;
 
@@ -22,15 +22,6 @@ pub fn epoch() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0)
         .single()
         .expect("a valid instant")
-}
-
-/// A catch-up policy's name as the engine stores it and names it in `schedule.skipped`.
-fn catch_up_name(c: CatchUp) -> &'static str {
-    match c {
-        CatchUp::Skip => "skip",
-        CatchUp::RunOnce => "run_once",
-        CatchUp::RunAll => "run_all",
-    }
 }
 
 /// The default `max_steps` of one `run_until_idle`.
@@ -213,17 +204,10 @@ impl TestKit {
             let Some(next) = *next else { continue };
             let plan = schedule.plan(next, now);
             let name = schedule.name().to_string();
-            let policy = format!("catch-up policy {}", catch_up_name(schedule.catch_up()));
-            let mut built = Vec::new();
-            let mut failed = Vec::new();
-            for &fire in &plan.fires {
-                match schedule.instance(fire) {
-                    Ok(row) => built.push((fire, row)),
-                    Err(e) => failed.push(format!("fire time {fire}: {e}")),
-                }
-            }
+            let policy = schedule.policy_reason();
+            let built = schedule.build(&plan);
             self.schedules[i].1 = plan.next;
-            for (fire, row) in built {
+            for (fire, row) in built.rows {
                 let id = self.insert_rows(vec![row]).first().copied();
                 self.events.push(Event::ScheduleFired {
                     schedule: name.clone(),
@@ -238,11 +222,11 @@ impl TestKit {
                     reason: policy,
                 });
             }
-            if let Some(last) = failed.last() {
+            if let Some(error) = built.error {
                 self.events.push(Event::ScheduleSkipped {
                     schedule: name,
-                    count: failed.len(),
-                    reason: last.clone(),
+                    count: built.failed,
+                    reason: error,
                 });
             }
         }

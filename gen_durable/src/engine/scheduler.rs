@@ -66,7 +66,7 @@ impl Scheduler {
             name: s.name(),
             pattern: s.pattern(),
             timezone: s.timezone().name(),
-            catch_up: catch_up_name(s.catch_up()),
+            catch_up: s.catch_up().as_str(),
         };
         sql::ensure(&mut conn, &declared, s.next_after(now), now).await?;
         // `None`: another node is firing it (its next fire time is read at the next pass);
@@ -84,21 +84,10 @@ impl Scheduler {
             out.next = earliest(out.next, plan.next);
             return Ok(());
         }
-        let mut rows = Vec::with_capacity(plan.fires.len());
-        let mut error = None;
-        let mut failed = 0;
-        for &fire in &plan.fires {
-            match s.instance(fire) {
-                Ok(row) => rows.push((fire, row)),
-                Err(e) => {
-                    failed += 1;
-                    error = Some(format!("fire time {fire}: {e}"));
-                }
-            }
-        }
+        let built = s.build(&plan);
         // One statement per fire time: a fire inserts one row, a catch-up at most a batch.
-        let mut inserted = Vec::with_capacity(rows.len());
-        for (fire, row) in &rows {
+        let mut inserted = Vec::with_capacity(built.rows.len());
+        for (fire, row) in &built.rows {
             let id = insert::insert_one(conn.again(), row, true, self.db.now()).await?;
             inserted.push((*fire, id));
         }
@@ -113,8 +102,8 @@ impl Scheduler {
                 next: plan.next,
                 last_fire: last.map(|(f, _)| f),
                 last_id: last.map(|(_, id)| id),
-                skipped: (plan.skipped + failed) as i64,
-                error: error.clone(),
+                skipped: (plan.skipped + built.failed) as i64,
+                error: built.error.clone(),
             },
             now,
         )
@@ -124,14 +113,11 @@ impl Scheduler {
             out.fired.push((s.name().to_string(), fire, id));
         }
         if plan.skipped > 0 {
-            out.skipped.push((
-                s.name().to_string(),
-                plan.skipped,
-                format!("catch-up policy {}", catch_up_name(s.catch_up())),
-            ));
+            out.skipped
+                .push((s.name().to_string(), plan.skipped, s.policy_reason()));
         }
-        if let Some(e) = error {
-            out.skipped.push((s.name().to_string(), failed, e));
+        if let Some(e) = built.error {
+            out.skipped.push((s.name().to_string(), built.failed, e));
         }
         out.next = earliest(out.next, plan.next);
         Ok(())
@@ -142,15 +128,6 @@ fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTi
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
-}
-
-/// The catch-up policy's name, as stored and shown.
-pub(crate) fn catch_up_name(c: CatchUp) -> &'static str {
-    match c {
-        CatchUp::Skip => "skip",
-        CatchUp::RunOnce => "run_once",
-        CatchUp::RunAll => "run_all",
     }
 }
 
