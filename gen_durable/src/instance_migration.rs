@@ -19,6 +19,7 @@ use std::panic::AssertUnwindSafe;
 use serde_json::Value;
 
 use crate::fsm::Fsm;
+use crate::runtime::panic_message;
 use crate::state::DurableState;
 use crate::validate;
 
@@ -185,13 +186,13 @@ impl MigrationEntry {
     pub fn apply(&self, state: &Value, step: &str) -> Result<(Value, &'static str), String> {
         let step = self.map(step)?;
         let state = std::panic::catch_unwind(AssertUnwindSafe(|| (self.transform)(state)))
-            .map_err(|p| format!("the state transform panicked: {}", panic_text(&*p)))??;
+            .map_err(|p| format!("the state transform panicked: {}", panic_message(p)))??;
         Ok((state, step))
     }
 
     fn map(&self, step: &str) -> Result<&'static str, String> {
         std::panic::catch_unwind(|| (self.map_step)(step))
-            .map_err(|p| format!("the step map panicked on {step:?}: {}", panic_text(&*p)))?
+            .map_err(|p| format!("the step map panicked on {step:?}: {}", panic_message(p)))?
             .ok_or_else(|| format!("{} v{} has no step {step:?}", self.name, self.from))
     }
 
@@ -219,16 +220,6 @@ fn transform_of<M: Migration>(state: &Value) -> Result<Value, String> {
     Ok(value)
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_string()
-    }
-}
-
 /// A row after its migrations: the version it is now at, with its state and step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Migrated {
@@ -244,25 +235,20 @@ pub struct Migrated {
 /// row's `(state, step)`, all in memory: the result is the row at the last version, or
 /// the error of the hop that failed — nothing in between.
 pub fn apply_path(path: &[MigrationEntry], state: &Value, step: &str) -> Result<Migrated, String> {
-    let first = path.first().ok_or("no migration to apply")?;
-    let mut cur = Migrated {
-        version: first.from,
-        state: state.clone(),
-        step: "",
-    };
-    let mut step = step.to_string();
+    let mut done: Option<Migrated> = None;
     for m in path {
-        let (state, next) = m
-            .apply(&cur.state, &step)
-            .map_err(|e| format!("migrating {} v{} to v{} failed: {e}", m.name, m.from, m.to))?;
-        cur = Migrated {
+        let (state, step) = match &done {
+            None => m.apply(state, step),
+            Some(prev) => m.apply(&prev.state, prev.step),
+        }
+        .map_err(|e| format!("migrating {} v{} to v{} failed: {e}", m.name, m.from, m.to))?;
+        done = Some(Migrated {
             version: m.to,
             state,
-            step: next,
-        };
-        step = next.to_string();
+            step,
+        });
     }
-    Ok(cur)
+    done.ok_or_else(|| "no migration to apply".to_string())
 }
 
 inventory::collect!(MigrationEntry);
