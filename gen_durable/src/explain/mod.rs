@@ -122,8 +122,8 @@ pub enum Reason {
         /// When it becomes runnable.
         at: DateTime<Utc>,
     },
-    /// 5. Waiting out the delay of a retry (a `replay`, a failed migration) of attempt
-    /// `attempt`.
+    /// 5. Waiting out the delay of a retry (a `replay`, a failed migration): the
+    ///    explanation's `attempt` is the retry's.
     Backoff {
         /// When it runs again.
         until: DateTime<Utc>,
