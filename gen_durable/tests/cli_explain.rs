@@ -84,7 +84,7 @@ async fn explain_json_is_the_explanation() {
     assert_eq!(j["id"], id);
     assert_eq!(j["fsm"], "Checkout");
     assert_eq!(j["status"], "awaiting_signal");
-    assert_eq!(j["reason"]["reason"], "awaiting_signals");
+    assert_eq!(j["reason"]["kind"], "awaiting_signals");
     assert_eq!(j["reason"]["names"], serde_json::json!(["paid"]));
     assert_eq!(
         j["reason"]["unrelated"],

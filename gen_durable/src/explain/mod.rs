@@ -59,8 +59,9 @@ pub struct Explanation {
 /// The one reason an instance is where it is, with its evidence, in the order they are
 /// checked (see the module's docs). `#[non_exhaustive]`: later releases add reasons —
 /// concurrency gates and rate limits will be checked after partitions, before nodes.
+/// As JSON, the variant is named by `kind`: `{"kind": "awaiting_signals", "names": …}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Reason {
     /// 1. Finished with this result.
