@@ -84,7 +84,14 @@ async fn executing_names_the_node_its_lease_and_a_fresh_heartbeat() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let why = loop {
         let why = gd.explain(id).await.unwrap();
-        if matches!(why.reason, Reason::Executing { .. }) {
+        // Claimed, and the node's first announce (its heartbeat's, racing the pick) is in.
+        if matches!(
+            why.reason,
+            Reason::Executing {
+                node_seen_at: Some(_),
+                ..
+            }
+        ) {
             break why;
         }
         assert!(
