@@ -10,9 +10,10 @@ use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 use tokio_util::task::TaskTracker;
 
-use crate::answers::{inserted, Cancelled, Delivery};
+use crate::answers::{inserted, not_found, Cancelled, Delivery};
 use crate::clock::Clock;
 use crate::error::Result;
+use crate::explain::{ExplainFacts, Explanation};
 use crate::fsm::Fsm;
 use crate::group_insert::{GroupInsert, Target as GroupTarget};
 use crate::migrate_instances::{MigrateOptions, MigrationReport};
@@ -271,6 +272,42 @@ impl Client {
     /// ```
     pub fn wait(&self, target: impl Into<Target>) -> Wait<'_> {
         Wait::new(self, target.into())
+    }
+
+    /// Why `target` (an id or a [`crate::Key`]) is not running, or what it is doing: one
+    /// typed [`Reason`](crate::Reason) with its evidence, read from the database in one
+    /// statement (two for a key) whose counts are bounded, so it is as fast on a table of
+    /// millions of rows. `Display` gives one English line, e.g. `awaiting signal "paid"
+    /// until 2026-12-02 14:00:00 UTC (in 3 min); 1 unrelated signal in the inbox:
+    /// "shipped"`. A key names its holder or, once none holds it, the newest instance
+    /// inserted with it. [`crate::Error::NotFound`] / [`crate::Error::KeyNotFound`] when
+    /// there is none.
+    ///
+    /// ```no_run
+    /// # async fn f(gd: gen_durable::Client) -> gen_durable::Result<()> {
+    /// use gen_durable::{Key, Reason};
+    /// let why = gd.explain(Key("order:42")).await?;
+    /// println!("{why}");
+    /// if let Reason::NoNodeForQueue { .. } = why.reason {
+    ///     eprintln!("start a node that picks from queue {:?}", why.queue);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn explain(&self, target: impl Into<Target>) -> Result<Explanation> {
+        let target = target.into();
+        crate::validate::check_target(&target)?;
+        let db = self.pooler.pool(&self.pool);
+        let id = match &target {
+            Target::Id(id) => Some(*id),
+            Target::Key(key) => pg::wait::id_by_key(db, key).await?,
+        };
+        let Some(id) = id else {
+            return Err(not_found(&target));
+        };
+        pg::explain::facts(db, id, self.clock.now_param())
+            .await?
+            .map(ExplainFacts::explain)
+            .ok_or_else(|| not_found(&target))
     }
 
     pub(crate) fn waiters(&self) -> &Arc<Waiters> {

@@ -73,6 +73,7 @@ mod clock;
 mod ctx;
 mod engine;
 mod error;
+mod explain;
 mod fsm;
 mod group_insert;
 mod instance_migration;
@@ -117,6 +118,12 @@ pub use clock::Clock;
 pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};
 pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain, WakeListener};
 pub use error::{Error, Result};
+pub use explain::{
+    ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
+    EXPLAIN_LIST_LIMIT,
+};
+#[doc(hidden)]
+pub use explain::{ExplainFacts, NodeFacts};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };

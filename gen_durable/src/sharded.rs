@@ -13,6 +13,7 @@ use sqlx::PgExecutor;
 use crate::answers::Cancelled;
 use crate::client::{Client, SignalSend};
 use crate::error::{Error, Result};
+use crate::explain::Explanation;
 use crate::fsm::Fsm;
 use crate::options::InsertOptions;
 use crate::target::Key;
@@ -175,6 +176,19 @@ impl ShardedClient {
     pub fn wait<S: Into<String>>(&self, key: Key<S>) -> Wait<'_> {
         let key = key.0.into();
         self.client(&key).wait(Key(key))
+    }
+
+    /// Why the instance holding (or last inserted with) correlation key `key` is not
+    /// running, on the shard the key routes to: [`Client::explain`] of that shard's client.
+    pub async fn explain<S: Into<String>>(&self, key: Key<S>) -> Result<Explanation> {
+        let key = key.0.into();
+        self.client(&key).explain(Key(key)).await
+    }
+
+    /// Why instance `at` is not running ([`Client::explain`] on its shard);
+    /// [`Error::InvalidInput`] if its shard is not one of this client's.
+    pub async fn explain_id(&self, at: ShardedId) -> Result<Explanation> {
+        self.on(at)?.explain(at.id).await
     }
 
     /// Starts a signal delivery to instance `at`; [`Error::InvalidInput`] if its shard

@@ -16,6 +16,7 @@ fn help_lists_every_command_and_the_exit_codes() {
         "migrate",
         "status",
         "inspect",
+        "explain",
         "signal",
         "cancel",
         "retry",

@@ -15,6 +15,8 @@ mod common;
 mod backend;
 #[path = "conformance/children.rs"]
 mod children;
+#[path = "conformance/explain.rs"]
+mod explain;
 #[path = "conformance/fsms.rs"]
 mod fsms;
 #[path = "conformance/keys.rs"]
@@ -137,6 +139,16 @@ conformance! {
     migrations::a_removed_step_is_mapped_to_its_replacement,
     migrations::a_node_without_the_new_version_runs_the_old_one,
     migrations::a_failed_migration_keeps_the_signal_that_woke_the_row,
+    explain::explain_done_shows_the_result,
+    explain::explain_failed_shows_the_last_error,
+    explain::explain_executing_names_the_node_and_its_lease,
+    explain::explain_awaiting_a_signal_names_it_the_deadline_and_the_unrelated_inbox,
+    explain::explain_awaiting_children_lists_the_unfinished_ones,
+    explain::explain_scheduled_names_the_time,
+    explain::explain_backoff_names_the_attempt_and_the_time,
+    explain::explain_partition_blocked_names_the_holder,
+    explain::explain_runnable_counts_the_rows_ahead_in_pick_order,
+    explain::explain_by_key_and_of_nothing,
 }
 
 #[test]

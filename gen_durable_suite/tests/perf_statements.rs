@@ -5,7 +5,8 @@
 //!   its inbox): inboxes and children come back with the claim, never row by row;
 //! - a flush of many `next` outcomes is a constant number of statements (10 vs 200
 //!   outcomes committed together): one, the call of `gd_commit_outcomes`;
-//! - a signal delivery is one statement, by id or by correlation key.
+//! - a signal delivery is one statement, by id or by correlation key;
+//! - an explain is one statement by id, two by key (the key's lookup, then the row).
 //!
 //! How: `gen_durable_testkit::statements::StatementLog` records every statement sqlx
 //! logs. TestDb's pool turns logging off, so the engine here runs on a second pool
@@ -297,6 +298,37 @@ fn a_signal_delivery_is_one_statement() {
                 seen.iter().map(|s| s.kind).collect::<Vec<_>>(),
                 ["signal"],
                 "one statement per delivery (dedup {dedup:?}): {seen:?}"
+            );
+        }
+        pool.close().await;
+        db.close().await;
+    });
+}
+
+#[test]
+fn an_explain_is_one_statement_by_id_and_two_by_key() {
+    counted(|rec| async move {
+        let db = TestDb::new().await;
+        let pool = logged_pool(&db, 1).await;
+        let gd = Client::new(pool.clone()).with_registry(registry());
+        let id = gd
+            .insert::<Noop>(Count::default())
+            .correlation_key("order:1")
+            .await
+            .unwrap();
+        // Warm the connection (sqlx's type lookups), then count.
+        gd.explain(id).await.unwrap();
+        for (to, want) in [
+            (Target::Id(id), &["explain"][..]),
+            (Target::Key("order:1".into()), &["wait", "explain"][..]),
+        ] {
+            rec.take();
+            gd.explain(to.clone()).await.unwrap();
+            let seen = rec.take();
+            assert_eq!(
+                seen.iter().map(|s| s.kind).collect::<Vec<_>>(),
+                want,
+                "{to}: {seen:?}"
             );
         }
         pool.close().await;

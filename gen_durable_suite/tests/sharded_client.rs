@@ -268,6 +268,14 @@ async fn operations_by_id_name_their_shard() {
     }
     let cancelled = gd.cancel(a).await.unwrap();
     assert_eq!((cancelled.failed, cancelled.after_current_step), (1, 0));
+    // Explained on its own shard: `a` failed, `b` of the same id still parked.
+    let why_a = gd.explain_id(a).await.unwrap();
+    assert_eq!(
+        (why_a.id, why_a.status),
+        (a.id, gen_durable::Status::Failed)
+    );
+    let why_b = gd.explain_id(b).await.unwrap();
+    assert_eq!(why_b.status, gen_durable::Status::AwaitingSignal);
     let a_now = gd.wait_id(a).unwrap().timeout(WAIT).await.unwrap();
     assert_eq!(a_now, Settled::Failed("cancelled".into()));
     let b_now = gd.wait_id(b).unwrap().timeout(WAIT).await.unwrap();
@@ -313,6 +321,10 @@ async fn operations_by_id_name_their_shard() {
     ));
     assert!(matches!(
         gd.cancel(nowhere).await,
+        Err(Error::InvalidInput { what: "shard", .. })
+    ));
+    assert!(matches!(
+        gd.explain_id(nowhere).await,
         Err(Error::InvalidInput { what: "shard", .. })
     ));
     let other_key = gd

@@ -10,6 +10,7 @@ use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions, Migration,
     MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
 };
+use gen_durable::{ExplainFacts, Explanation};
 use serde_json::Value;
 
 use crate::builders::{KitInsert, KitInsertJson, KitSignal, KitWait, Outbox, SignalSender};
@@ -37,7 +38,8 @@ pub const DEFAULT_MAX_STEPS: usize = 10_000;
 /// Differences from Postgres, by design: `ctx.transaction()` returns an error (there is
 /// no database); partitions are trivially exclusive (one step runs at a time, so
 /// `partition.contended` never fires); leases and drains do not exist — a lost worker and
-/// the reaper taking its row back are simulated by [`TestKit::lose_lease`].
+/// the reaper taking its row back are simulated by [`TestKit::lose_lease`], a worker still
+/// running a step by [`TestKit::claim`].
 #[derive(Debug)]
 pub struct TestKit {
     registry: Registry,
@@ -335,11 +337,61 @@ impl TestKit {
         })
     }
 
+    /// Why `to` (an id or a [`Key`](gen_durable::Key)) is not running, or what it is
+    /// doing, as `Client::explain` answers — from the same facts, decided by the same
+    /// code (`gen_durable::ExplainFacts`), with the same bounds. The kit knows every
+    /// reason but two: it has no queue pauses and no nodes (it runs every FSM it knows),
+    /// so it never answers [`Reason::QueuePaused`](gen_durable::Reason::QueuePaused),
+    /// [`Reason::NoNodeForQueue`](gen_durable::Reason::NoNodeForQueue) or
+    /// [`Reason::NoNodeForVersion`](gen_durable::Reason::NoNodeForVersion). A row is
+    /// executing only between [`TestKit::claim`] and [`TestKit::lose_lease`]. `NotFound`
+    /// for an unknown id, `KeyNotFound` for a key no instance ever had.
+    pub fn explain(&self, to: impl Into<Target>) -> Ready<Result<Explanation>> {
+        let to = to.into();
+        ready(self.explain_now(&to))
+    }
+
+    fn explain_now(&self, to: &Target) -> Result<Explanation> {
+        gen_durable::check_target(to)?;
+        let id = match to {
+            Target::Id(id) => *id,
+            Target::Key(key) => self
+                .store
+                .resolve(to)
+                .or_else(|| self.store.newest_with_key(key))
+                .ok_or_else(|| Error::KeyNotFound { key: key.clone() })?,
+        };
+        self.store
+            .explain_facts(id, self.now())
+            .map(ExplainFacts::explain)
+            .ok_or(Error::NotFound { id })
+    }
+
+    /// Simulates a worker (on node [`KIT_NODE`](crate::KIT_NODE)) that claimed runnable,
+    /// due instance `id` and is still running its step: the row is `executing`, its
+    /// partition key held (other rows of the key wait), with a lease of
+    /// [`KIT_LEASE`](crate::KIT_LEASE) from now, until [`TestKit::lose_lease`] has the
+    /// reaper take it back. `WrongStatus` unless it is runnable and due.
+    pub fn claim(&mut self, id: i64) -> Result<()> {
+        let status = self.status_of(id)?;
+        let now = self.now();
+        if self.store.claim(id, now) {
+            Ok(())
+        } else {
+            Err(Error::WrongStatus {
+                id,
+                status: status.to_string(),
+                what: "only a runnable, due instance can be claimed",
+            })
+        }
+    }
+
     /// Simulates a lost worker: runnable instance `id` is claimed by a worker that dies
     /// before its outcome commits, and the reaper takes the row back, as on PostgreSQL —
     /// runnable again with `attempt + 1` (`handle` is not called), or `failed` with
-    /// "lease lost N times" at the FSM's `max_reaps`. `WrongStatus` unless it is runnable
-    /// and due.
+    /// "lease lost N times" at the FSM's `max_reaps`. A row [`TestKit::claim`] claimed
+    /// loses its lease the same way. `WrongStatus` unless it is runnable and due, or
+    /// claimed.
     pub fn lose_lease(&mut self, id: i64) -> Result<()> {
         let status = self.status_of(id)?;
         let now = self.now();

@@ -34,7 +34,8 @@ use tracing::{Event, Metadata, Subscriber};
 ///   collector's (and the CLI's `gc`) delete of terminal rows;
 /// - `cancel`: the statements of a cancel; `retry`: a retry;
 /// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
-///   does not log it); `admin`: the CLI's reads (status, inspect, schema state).
+///   does not log it); `admin`: the CLI's reads (status, inspect, schema state);
+/// - `explain`: `Client::explain`'s read of one instance and its evidence.
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
     "fence",
@@ -56,6 +57,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "admin",
     "schedule",
     "migrate",
+    "explain",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts

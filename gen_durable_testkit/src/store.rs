@@ -17,7 +17,10 @@ use serde_json::Value;
 
 use crate::instance::Instance;
 
+mod explain;
 mod migration;
+
+pub use explain::{KIT_LEASE, KIT_NODE};
 
 /// One row of `gd_instances`.
 #[derive(Debug, Clone)]
@@ -44,6 +47,8 @@ pub(crate) struct Row {
     /// Lost leases of the current step, and the bound after which the reaper fails it.
     pub(crate) reaps: i32,
     pub(crate) max_reaps: i32,
+    /// When a simulated worker claimed it (`TestKit::claim`): it is `executing` since.
+    pub(crate) claimed_at: Option<DateTime<Utc>>,
 }
 
 impl Row {
@@ -233,6 +238,7 @@ impl Store {
                     unique_scope: new.unique_scope,
                     reaps: 0,
                     max_reaps: new.max_reaps,
+                    claimed_at: None,
                 },
             );
             inserted.push((id, parent));
@@ -472,14 +478,18 @@ impl Store {
     /// A lost lease (`gd_reap`): a worker claimed runnable row `id` and died before its
     /// outcome committed, and the reaper took the row back — runnable again with
     /// `attempt + 1`, or failed with "lease lost N times" once `reaps` reaches `max_reaps`
-    /// (its inbox deleted, its parent counted down). False unless it was runnable and due.
+    /// (its inbox deleted, its parent counted down). False unless it was runnable and due,
+    /// or claimed by `claim`.
     pub(crate) fn lose_lease(&mut self, id: i64, now: DateTime<Utc>) -> bool {
         let Some(row) = self.rows.get_mut(&id) else {
             return false;
         };
-        if row.status != Status::Runnable || row.eligible_at > now {
+        let due = row.status == Status::Runnable && row.eligible_at <= now;
+        if !due && row.claimed_at.is_none() {
             return false;
         }
+        row.claimed_at = None;
+        row.status = Status::Runnable;
         row.attempt += 1;
         row.reaps += 1;
         row.eligible_at = now;
@@ -496,6 +506,20 @@ impl Store {
             row.last_error = Some("lease lost; retrying".to_string());
         }
         true
+    }
+
+    /// CLAIM of one row by a worker that keeps it: runnable, due row `id` becomes
+    /// `executing` (its partition key held) until `lose_lease` gives it back. False
+    /// unless it was runnable and due.
+    pub(crate) fn claim(&mut self, id: i64, now: DateTime<Utc>) -> bool {
+        match self.rows.get_mut(&id) {
+            Some(row) if row.status == Status::Runnable && row.eligible_at <= now => {
+                row.status = Status::Executing;
+                row.claimed_at = Some(now);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Cancel (`store::pg::control`, CANCEL_TREE then CANCEL_APPLY): the instance and

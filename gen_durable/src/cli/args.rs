@@ -38,6 +38,18 @@ pub(crate) enum Command {
         #[arg(long)]
         key: Option<String>,
     },
+    /// Why an instance is not running, or what it is doing: one line naming the reason
+    /// (finished, executing, parked, paused queue, scheduled or in backoff, partition
+    /// held, no live node, or runnable with the rows ahead of it), then its evidence.
+    Explain {
+        /// The instance id.
+        #[arg(required_unless_present = "key", conflicts_with = "key")]
+        id: Option<i64>,
+        /// The instance holding this correlation key, or, once none does, the newest
+        /// instance inserted with it.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Deliver a signal to an instance (it wakes if it awaits that name):
     /// `signal ID NAME JSON`, or `signal --key KEY NAME JSON` for the instance holding
     /// a correlation key.

@@ -10,6 +10,7 @@ mod actions;
 mod args;
 mod connect;
 mod error;
+mod explain;
 mod inspect;
 mod migrate_instances;
 mod status;
@@ -88,6 +89,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The instance an `ID` or `--key K` argument names (clap requires one of them).
+fn target(id: Option<i64>, key: Option<String>) -> crate::Target {
+    match (id, key) {
+        (_, Some(key)) => crate::Target::Key(key),
+        (Some(id), None) => crate::Target::Id(id),
+        (None, None) => unreachable!("clap requires an id or --key"),
+    }
+}
+
 async fn run(cli: Cli) -> Result<Output, CliError> {
     // Arguments clap cannot check alone are checked before connecting, as clap's are.
     let signal = match &cli.command {
@@ -101,14 +111,8 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
     let out = match cli.command {
         Command::Migrate => actions::migrate(&pool).await,
         Command::Status => status::run(&pool).await,
-        Command::Inspect { id, key } => {
-            let target = match (id, key) {
-                (_, Some(key)) => crate::Target::Key(key),
-                (Some(id), None) => crate::Target::Id(id),
-                (None, None) => unreachable!("clap requires an id or --key"),
-            };
-            inspect::run(&pool, target).await
-        }
+        Command::Inspect { id, key } => inspect::run(&pool, target(id, key)).await,
+        Command::Explain { id, key } => explain::run(&pool, target(id, key)).await,
         Command::Signal { dedup_key, .. } => {
             let (target, name, payload) = signal.expect("checked above");
             actions::signal(&pool, target, &name, &payload, dedup_key.as_deref()).await

@@ -17,12 +17,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::{
-    Cancelled, MigrateOptions, MigrationReport, Registry, Schedule, Settled, Target,
+    Cancelled, Explanation, MigrateOptions, MigrationReport, Registry, Schedule, Settled, Target,
 };
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
 };
-use gen_durable_testkit::{epoch, Instance, SignalSender, Tally, TestDb, TestKit};
+use gen_durable_testkit::{
+    epoch, Instance, SignalSender, Tally, TestDb, TestKit, KIT_LEASE, KIT_NODE,
+};
 use serde_json::Value;
 
 /// Insert options a scenario may set: the library's own, applied to either backend's
@@ -91,6 +93,14 @@ pub trait Backend {
     /// A worker claims runnable instance `id` and dies before committing; then one
     /// reaper pass (see `TestKit::lose_lease`).
     async fn lose_lease(&mut self, id: i64) -> Result<()>;
+    /// A worker of node `KIT_NODE` claims runnable, due instance `id` and keeps running
+    /// its step (see `TestKit::claim`) until `lose_lease(id)`. Call `lose_lease` before
+    /// the next `run()`: the Postgres backend's `run()` waits for no executing row.
+    async fn claim(&mut self, id: i64) -> Result<()>;
+    /// `Client::explain` / `TestKit::explain`. The Postgres backend first announces node
+    /// `KIT_NODE`, picking from the scenarios' queues and running the registry's FSMs, as a
+    /// node running now would: the kit has no nodes and runs everything it knows.
+    async fn explain(&mut self, to: impl Into<Target> + Send) -> Result<Explanation>;
     async fn advance(&mut self, by: Duration);
     /// Runs every due step until nothing is due; what was committed.
     async fn run(&mut self) -> Tally;
@@ -221,6 +231,12 @@ impl Backend for Kit {
     }
     async fn lose_lease(&mut self, id: i64) -> Result<()> {
         self.kit.lose_lease(id)
+    }
+    async fn claim(&mut self, id: i64) -> Result<()> {
+        self.kit.claim(id)
+    }
+    async fn explain(&mut self, to: impl Into<Target> + Send) -> Result<Explanation> {
+        self.kit.explain(to).await
     }
     async fn advance(&mut self, by: Duration) {
         self.kit.advance(by);
@@ -438,14 +454,18 @@ impl Backend for Pg {
     async fn lose_lease(&mut self, id: i64) -> Result<()> {
         // Claimed by a node that dies at once: its lease has expired by the clock. Then
         // one pass of the engine's reaper statement.
+        // A row `claim` claimed: its lease ends now.
         let pool = self.db.direct();
         let claimed = sqlx::query(
-            "UPDATE gd_instances SET status = 'executing', locked_by = 'lost-node',
+            "UPDATE gd_instances
+                SET status = 'executing', locked_by = coalesce(locked_by, 'lost-node'),
                     lease_epoch = lease_epoch + 1, lease_expires_at = $2 - interval '1 second'
-              WHERE id = $1 AND status = 'runnable' AND eligible_at <= $2",
+              WHERE id = $1 AND (status = 'runnable' AND eligible_at <= $2
+                                 OR status = 'executing' AND locked_by = $3)",
         )
         .bind(id)
         .bind(self.now())
+        .bind(KIT_NODE)
         .execute(pool)
         .await?
         .rows_affected();
@@ -462,6 +482,49 @@ impl Backend for Pg {
             .fetch_all(pool)
             .await?;
         Ok(())
+    }
+    async fn claim(&mut self, id: i64) -> Result<()> {
+        // What the engine's claim writes, by a node that keeps the row.
+        let claimed = sqlx::query(
+            "UPDATE gd_instances SET status = 'executing', locked_by = $3,
+                    lease_epoch = lease_epoch + 1,
+                    lease_expires_at = $2 + $4 * interval '1 millisecond', updated_at = $2
+              WHERE id = $1 AND status = 'runnable' AND eligible_at <= $2",
+        )
+        .bind(id)
+        .bind(self.now())
+        .bind(KIT_NODE)
+        .bind(KIT_LEASE.as_millis() as i64)
+        .execute(self.db.direct())
+        .await?
+        .rows_affected();
+        if claimed == 0 {
+            let status = self.get(id).await.status;
+            return Err(gen_durable::Error::WrongStatus {
+                id,
+                status: status.to_string(),
+                what: "only a runnable, due instance can be claimed",
+            });
+        }
+        Ok(())
+    }
+    async fn explain(&mut self, to: impl Into<Target> + Send) -> Result<Explanation> {
+        let fsms: Vec<String> = self
+            .registry
+            .iter()
+            .map(|e| format!("{}@{}", e.name, e.version))
+            .collect();
+        sqlx::query(
+            "INSERT INTO gd_nodes (node_id, queues, fsms, started_at, last_seen_at)
+             VALUES ($1, '{conf,par}', $2, $3, $3)
+             ON CONFLICT (node_id) DO UPDATE SET fsms = $2, last_seen_at = $3",
+        )
+        .bind(KIT_NODE)
+        .bind(fsms)
+        .bind(self.now())
+        .execute(self.db.direct())
+        .await?;
+        self.client.explain(to).await
     }
     async fn advance(&mut self, by: Duration) {
         self.clock.advance(by);

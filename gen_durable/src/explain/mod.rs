@@ -1,0 +1,374 @@
+//! `explain`: why an instance is not running, or what it is doing — one typed
+//! [`Reason`] with its evidence, and one English line for people.
+//!
+//! The reasons are checked in a fixed order, and the first that holds is the answer:
+//!
+//! 1. it finished: [`Reason::Done`], [`Reason::Failed`];
+//! 2. a node runs it: [`Reason::Executing`];
+//! 3. it is parked: [`Reason::AwaitingSignals`], [`Reason::AwaitingChildren`];
+//! 4. its queue is paused: [`Reason::QueuePaused`];
+//! 5. it is not due yet: [`Reason::Scheduled`] (attempt 0), [`Reason::Backoff`] (a retry);
+//! 6. another instance of its partition key runs: [`Reason::PartitionBlocked`];
+//! 7. no live node would pick it: [`Reason::NoNodeForQueue`], [`Reason::NoNodeForVersion`];
+//! 8. it is runnable now: [`Reason::Runnable`], with the rows ahead of it.
+//!
+//! Both engines gather the same [`ExplainFacts`] (Postgres in one statement, the testkit
+//! from its rows) and this module alone turns them into the answer, so the two cannot
+//! disagree on it. Counts are bounded ([`EXPLAIN_COUNT_LIMIT`]) so that an explanation
+//! costs the same on a table of a million rows.
+
+mod display;
+mod time;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::Status;
+
+/// The most rows any count of an explanation reads: a larger count shows as "≥10,000".
+pub const EXPLAIN_COUNT_LIMIT: i64 = 10_000;
+
+/// The most children or signal names an explanation lists.
+pub const EXPLAIN_LIST_LIMIT: i64 = 10;
+
+/// Why instance `id` is where it is: see [`crate::Client::explain`]. `Display` gives one
+/// English line; [`Explanation::evidence`] a few more for an operator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The instance.
+    pub id: i64,
+    /// Its FSM's name.
+    pub fsm: String,
+    /// Its FSM's version.
+    pub version: i32,
+    /// Its queue.
+    pub queue: String,
+    /// Its status.
+    pub status: Status,
+    /// Its step (the one it runs next, or ran last if it finished).
+    pub step: String,
+    /// Its attempt at that step (replays and lost leases count).
+    pub attempt: i32,
+    /// The time the explanation was computed at: the database's (or the injected) clock.
+    pub at: DateTime<Utc>,
+    /// The reason, with its evidence.
+    pub reason: Reason,
+}
+
+/// The one reason an instance is where it is, with its evidence, in the order they are
+/// checked (see the module's docs). `#[non_exhaustive]`: later releases add reasons —
+/// concurrency gates and rate limits will be checked after partitions, before nodes.
+/// As JSON, the variant is named by `kind`: `{"kind": "awaiting_signals", "names": …}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Reason {
+    /// 1. Finished with this result.
+    Done {
+        /// The result (`Display` truncates it).
+        result: Value,
+    },
+    /// 1. Failed for good.
+    Failed {
+        /// Why.
+        last_error: Option<String>,
+    },
+    /// 2. A node has claimed it and runs (or holds, buffered) its step.
+    Executing {
+        /// The node holding its lease.
+        node: String,
+        /// When the node claimed it for this step.
+        since: DateTime<Utc>,
+        /// When the lease ends unless the node's heartbeat extends it.
+        lease_until: DateTime<Utc>,
+        /// When the node last announced itself (`None`: it never did, or left).
+        node_seen_at: Option<DateTime<Utc>>,
+        /// Fresh: the lease holds and the node announced itself within the live window.
+        heartbeat: Heartbeat,
+        /// The lease has expired: the reaper will take the row back.
+        lease_expired: bool,
+        /// A cancel was requested: it fails after this step.
+        cancel_requested: bool,
+    },
+    /// 3. Parked until a signal of one of these names arrives, or the deadline.
+    AwaitingSignals {
+        /// The names it awaits.
+        names: Vec<String>,
+        /// When it runs anyway (with nothing awaited), if ever.
+        deadline: Option<DateTime<Utc>>,
+        /// Signals in its inbox whose names it does not await.
+        unrelated: Count,
+        /// Their distinct names, sorted, the first [`EXPLAIN_LIST_LIMIT`].
+        unrelated_names: Vec<String>,
+    },
+    /// 3. Parked until every child has finished.
+    AwaitingChildren {
+        /// Children not finished yet.
+        pending: i32,
+        /// Every child it spawned.
+        total: Count,
+        /// The first unfinished children by id, up to [`EXPLAIN_LIST_LIMIT`].
+        waiting_on: Vec<ChildState>,
+    },
+    /// 4. Its queue is paused cluster-wide (`gd_queue_pauses`).
+    QueuePaused {
+        /// Since when.
+        since: DateTime<Utc>,
+        /// What the operator said.
+        why: Option<String>,
+    },
+    /// 5. Inserted (or moved on) to run later: runnable at `at`, attempt 0.
+    Scheduled {
+        /// When it becomes runnable.
+        at: DateTime<Utc>,
+    },
+    /// 5. Waiting out the delay of a retry (a `replay`, a failed migration): the
+    ///    explanation's `attempt` is the retry's.
+    Backoff {
+        /// When it runs again.
+        until: DateTime<Utc>,
+        /// The last error, if the retry follows one.
+        last_error: Option<String>,
+    },
+    /// 6. Another instance of its partition key is executing.
+    PartitionBlocked {
+        /// The partition key.
+        key: String,
+        /// The instance that holds it.
+        holder: Holder,
+    },
+    // Concurrency gates and rate limits, when they exist, are checked here.
+    /// 7. No live node picks from its queue.
+    NoNodeForQueue {
+        /// The live nodes (none serves the queue).
+        live_nodes: Vec<String>,
+    },
+    /// 7. Live nodes pick from its queue, but none runs its FSM at its version.
+    NoNodeForVersion {
+        /// The live nodes that pick from its queue.
+        nodes_on_queue: Vec<String>,
+        /// The versions of its FSM those nodes run (or migrate from), ascending.
+        versions_served: Vec<i32>,
+    },
+    /// 8. Runnable now: the next pick of its queue that reaches it runs it.
+    Runnable {
+        /// Due rows of its queue before it in the pick's order (priority, eligible_at, id).
+        rows_ahead: Count,
+    },
+}
+
+/// Whether the node holding a lease still beats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Heartbeat {
+    /// The lease holds and the node announced itself within the live window.
+    Fresh,
+    /// The lease expired, or the node has not announced itself within the live window.
+    Stale,
+}
+
+/// A count read with a bound: at least `n` when `capped`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Count {
+    /// The rows counted.
+    pub n: i64,
+    /// True when the count stopped at [`EXPLAIN_COUNT_LIMIT`]: there may be more.
+    pub capped: bool,
+}
+
+impl Count {
+    /// A count read with `LIMIT EXPLAIN_COUNT_LIMIT`.
+    pub fn bounded(n: i64) -> Count {
+        Count {
+            n: n.min(EXPLAIN_COUNT_LIMIT),
+            capped: n >= EXPLAIN_COUNT_LIMIT,
+        }
+    }
+}
+
+/// A child a parent still waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildState {
+    /// The child's id.
+    pub id: i64,
+    /// Its FSM.
+    pub fsm: String,
+    /// Its step.
+    pub step: String,
+    /// Its status.
+    pub status: Status,
+}
+
+/// The instance executing in a partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Its id.
+    pub id: i64,
+    /// The step it runs.
+    pub step: String,
+    /// The node running it.
+    pub node: Option<String>,
+    /// Its lease's end.
+    pub lease_until: Option<DateTime<Utc>>,
+}
+
+/// What a store knows of one instance, for [`ExplainFacts::explain`]: the row, and the
+/// evidence each reason needs (a store may leave out what the row's status does not need).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExplainFacts {
+    pub id: i64,
+    pub fsm: String,
+    pub version: i32,
+    pub queue: String,
+    pub status: Status,
+    pub step: String,
+    pub attempt: i32,
+    pub now: DateTime<Utc>,
+    pub eligible_at: DateTime<Utc>,
+    pub result: Option<Value>,
+    pub last_error: Option<String>,
+    pub awaits: Vec<String>,
+    pub await_deadline: Option<DateTime<Utc>>,
+    pub locked_by: Option<String>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// For an executing row: when it was claimed (its last update).
+    pub since: DateTime<Utc>,
+    pub cancel_requested: bool,
+    /// For an executing row: whether its node announced itself within the live window,
+    /// and when it last did.
+    pub node_live: bool,
+    pub node_seen_at: Option<DateTime<Utc>>,
+    /// Signals in the inbox whose names are not awaited (bounded), and their names.
+    pub unrelated: i64,
+    pub unrelated_names: Vec<String>,
+    pub children_pending: i32,
+    /// Every child (bounded), and the first unfinished ones.
+    pub children_total: i64,
+    pub waiting_on: Vec<ChildState>,
+    /// The queue's pause: since when, and why.
+    pub paused: Option<(DateTime<Utc>, Option<String>)>,
+    pub partition_key: Option<String>,
+    pub holder: Option<Holder>,
+    /// The nodes; `None` when the store has none (the testkit runs everything it knows).
+    pub nodes: Option<NodeFacts>,
+    /// Due rows of the queue ahead of it in the pick's order (bounded).
+    pub rows_ahead: i64,
+}
+
+/// The live nodes, as they concern one instance.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeFacts {
+    /// Every live node.
+    pub live: Vec<String>,
+    /// Those that pick from the instance's queue.
+    pub on_queue: Vec<String>,
+    /// Those that pick from its queue and run its `(fsm, version)`.
+    pub running: Vec<String>,
+    /// The versions of its FSM that the nodes on its queue run.
+    pub versions_on_queue: Vec<i32>,
+}
+
+impl ExplainFacts {
+    /// The answer: the first reason that holds, in the order of the module's docs.
+    pub fn explain(self) -> Explanation {
+        let reason = self.reason();
+        Explanation {
+            id: self.id,
+            fsm: self.fsm,
+            version: self.version,
+            queue: self.queue,
+            status: self.status,
+            step: self.step,
+            attempt: self.attempt,
+            at: self.now,
+            reason,
+        }
+    }
+
+    fn reason(&self) -> Reason {
+        match self.status {
+            Status::Done => Reason::Done {
+                result: self.result.clone().unwrap_or(Value::Null),
+            },
+            Status::Failed => Reason::Failed {
+                last_error: self.last_error.clone(),
+            },
+            Status::Executing => {
+                let lease_until = self.lease_expires_at.unwrap_or(self.since);
+                let lease_expired = lease_until <= self.now;
+                Reason::Executing {
+                    node: self.locked_by.clone().unwrap_or_default(),
+                    since: self.since,
+                    lease_until,
+                    node_seen_at: self.node_seen_at,
+                    heartbeat: if self.node_live && !lease_expired {
+                        Heartbeat::Fresh
+                    } else {
+                        Heartbeat::Stale
+                    },
+                    lease_expired,
+                    cancel_requested: self.cancel_requested,
+                }
+            }
+            Status::AwaitingSignal => Reason::AwaitingSignals {
+                names: self.awaits.clone(),
+                deadline: self.await_deadline,
+                unrelated: Count::bounded(self.unrelated),
+                unrelated_names: self.unrelated_names.clone(),
+            },
+            Status::AwaitingChildren => Reason::AwaitingChildren {
+                pending: self.children_pending,
+                total: Count::bounded(self.children_total),
+                waiting_on: self.waiting_on.clone(),
+            },
+            Status::Runnable => self.runnable_reason(),
+        }
+    }
+
+    /// Checks 4 to 8, for a runnable row.
+    fn runnable_reason(&self) -> Reason {
+        if let Some((since, why)) = &self.paused {
+            return Reason::QueuePaused {
+                since: *since,
+                why: why.clone(),
+            };
+        }
+        if self.eligible_at > self.now {
+            return if self.attempt == 0 {
+                Reason::Scheduled {
+                    at: self.eligible_at,
+                }
+            } else {
+                Reason::Backoff {
+                    until: self.eligible_at,
+                    last_error: self.last_error.clone(),
+                }
+            };
+        }
+        if let (Some(key), Some(holder)) = (&self.partition_key, &self.holder) {
+            return Reason::PartitionBlocked {
+                key: key.clone(),
+                holder: holder.clone(),
+            };
+        }
+        if let Some(nodes) = &self.nodes {
+            if nodes.on_queue.is_empty() {
+                return Reason::NoNodeForQueue {
+                    live_nodes: nodes.live.clone(),
+                };
+            }
+            if nodes.running.is_empty() {
+                return Reason::NoNodeForVersion {
+                    nodes_on_queue: nodes.on_queue.clone(),
+                    versions_served: nodes.versions_on_queue.clone(),
+                };
+            }
+        }
+        Reason::Runnable {
+            rows_ahead: Count::bounded(self.rows_ahead),
+        }
+    }
+}
