@@ -102,6 +102,10 @@ mod wait;
 #[doc(hidden)]
 pub mod cli;
 
+// The web dashboard: `gen_durable dashboard`, or `dashboard::router(pool)` in your app.
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
+
 #[doc(hidden)]
 pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use answers::{Cancelled, Delivery};

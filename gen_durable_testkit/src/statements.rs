@@ -35,6 +35,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `cancel`: the statements of a cancel; `retry`: a retry;
 /// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
 ///   does not log it); `admin`: the CLI's reads (status, inspect, schema state).
+/// - `dashboard`: the web dashboard's own reads (`gen_durable --features dashboard`).
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
     "fence",
@@ -56,6 +57,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "admin",
     "schedule",
     "migrate",
+    "dashboard",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts
