@@ -113,3 +113,11 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .layer(axum::middleware::from_fn(auth::csrf_cookie))
         .with_state(state)
 }
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of every statement the pages run, `id` standing for the
+/// instance page's instance: (what, plan). For docs/dashboard.md (see the ignored test
+/// `dashboard_load`); runs each statement once.
+#[doc(hidden)]
+pub async fn plans(pool: &PgPool, id: i64) -> Result<Vec<(String, String)>, DashboardError> {
+    Ok(crate::store::pg::dashboard::plans(pool, id).await?)
+}

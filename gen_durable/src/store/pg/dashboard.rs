@@ -237,3 +237,124 @@ pub(crate) struct FsmVersionRow {
 pub(crate) async fn fsm_versions<'e>(db: impl PgExecutor<'e>) -> Result<Vec<FsmVersionRow>> {
     Ok(sqlx::query_as(FSM_VERSIONS).fetch_all(db).await?)
 }
+
+/// Every statement a dashboard page runs, with the parameters of a typical first load,
+/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/dashboard.md records
+/// at 1M rows (`plans`); the queue counts, nodes, leases and inspection are `status`'s
+/// and `inspect`'s.
+fn page_statements(id: i64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
+    use super::admin;
+    let t = Param::Time;
+    vec![
+        (
+            "overview: queue counts (status)",
+            admin::QUEUE_STATUS,
+            vec![Param::NullTime],
+        ),
+        ("overview: throughput", THROUGHPUT, vec![t(30)]),
+        ("overview: pauses", PAUSES, vec![]),
+        (
+            "overview: expired leases",
+            admin::EXPIRED_LEASES,
+            vec![Param::NullTime, Param::Int4(10)],
+        ),
+        (
+            "overview, fsms: nodes",
+            admin::NODES,
+            vec![Param::NullTime, Param::Int(60_000)],
+        ),
+        (
+            "instances: first page, no filter",
+            PAGE,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Int(10_000),
+                Param::NullText,
+                Param::NullText,
+                Param::NullText,
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: first page, status=failed, queue=q1",
+            PAGE,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Int(10_000),
+                Param::Text("q1"),
+                Param::NullText,
+                Param::Text("failed"),
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: by key",
+            PAGE_BY_KEY,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Text("order:500000"),
+                Param::NullText,
+                Param::NullText,
+                Param::NullText,
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: window end",
+            WINDOW_END,
+            vec![Param::Int(i64::MAX), Param::Int(10_000)],
+        ),
+        (
+            "instance: inspect",
+            admin::INSPECT,
+            vec![Param::Int(id), Param::Int(100)],
+        ),
+        (
+            "instance: tree",
+            TREE,
+            vec![Param::Int(id), Param::Int4(4), Param::Int(200)],
+        ),
+        ("fsms: versions in rows", FSM_VERSIONS, vec![]),
+    ]
+}
+
+/// A parameter of [`page_statements`].
+#[derive(Debug, Clone, Copy)]
+enum Param {
+    NullText,
+    NullTime,
+    Int(i64),
+    Int4(i32),
+    Text(&'static str),
+    /// `now()` minus this many minutes.
+    Time(i64),
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
+/// of the instance page: (name, plan). For docs/dashboard.md; runs each statement once.
+pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (name, sql, params) in page_statements(id) {
+        let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}");
+        let mut q = sqlx::query_scalar::<_, String>(&explain);
+        for p in params {
+            q = match p {
+                Param::NullText => q.bind(None::<String>),
+                Param::NullTime => q.bind(None::<DateTime<Utc>>),
+                Param::Int(n) => q.bind(n),
+                Param::Int4(n) => q.bind(n),
+                Param::Text(s) => q.bind(s),
+                Param::Time(m) => q.bind(Utc::now() - chrono::Duration::minutes(m)),
+            };
+        }
+        let lines: Vec<String> = q.fetch_all(pool).await?;
+        out.push((name.to_string(), lines.join("\n")));
+    }
+    Ok(out)
+}
