@@ -79,6 +79,18 @@ async fn pages_answer_with_their_content() {
 
     let o = get(&app, "/").await;
     assert_eq!(o.status, StatusCode::OK);
+    let headers = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+        .headers()
+        .clone();
+    assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
+    assert!(headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
     for want in [
         "checkout",
         "fanout",

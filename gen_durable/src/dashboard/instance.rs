@@ -171,8 +171,16 @@ fn did_text(did: &str) -> &'static str {
     }
 }
 
+/// `v` pretty-printed, cut at [`layout::MAX_JSON_SHOWN`] characters (the CLI's `inspect
+/// --json` prints it all).
 fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_default()
+    let s = serde_json::to_string_pretty(v).unwrap_or_default();
+    let cut = layout::clip(&s, layout::MAX_JSON_SHOWN);
+    if cut.len() < s.len() {
+        format!("{cut}\n(cut: `gen_durable inspect --json` shows it all)")
+    } else {
+        s
+    }
 }
 
 /// The children of `parent` among `rows` as nested lists, each a link to its page.

@@ -111,6 +111,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/logout", post(auth::logout))
         .merge(actions::routes(read_only))
         .layer(axum::middleware::from_fn(auth::csrf_cookie))
+        .layer(axum::middleware::map_response(layout::security_headers))
         .with_state(state)
 }
 
