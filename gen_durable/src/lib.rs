@@ -105,6 +105,10 @@ pub mod cli;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 
+// The web dashboard: `gen_durable dashboard`, or `dashboard::router(pool)` in your app.
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
+
 #[doc(hidden)]
 pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use answers::{Cancelled, Delivery};

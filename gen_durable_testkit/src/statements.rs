@@ -36,6 +36,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
 ///   does not log it); `admin`: the CLI's reads (status, inspect, schema state);
 /// - `explain`: `Client::explain`'s read of one instance and its evidence.
+/// - `dashboard`: the web dashboard's own reads (`gen_durable --features dashboard`).
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
     "fence",
@@ -58,6 +59,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "schedule",
     "migrate",
     "explain",
+    "dashboard",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts

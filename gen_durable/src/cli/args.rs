@@ -93,6 +93,19 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 500)]
         batch: usize,
     },
+    /// Serve the web dashboard (needs the `dashboard` feature): read-only, or able to
+    /// cancel, retry and signal for an operator who signs in with the token read from
+    /// the environment variable named by --auth-token-env.
+    #[cfg(feature = "dashboard")]
+    Dashboard {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:4000")]
+        listen: std::net::SocketAddr,
+        /// The environment variable holding the operator token (not the token itself,
+        /// which would show in `ps`). Without it, the dashboard is read-only.
+        #[arg(long, value_name = "VAR")]
+        auth_token_env: Option<String>,
+    },
     /// Delete done and failed instances last updated longer ago than --older-than, in
     /// small batches that never block the engine (children of a live parent are kept).
     Gc {

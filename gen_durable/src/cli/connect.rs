@@ -20,6 +20,12 @@ const INVALID_CATALOG: &str = "3D000";
 
 /// Connects to `url` (or explains why not). One or two connections are all a command needs.
 pub(crate) async fn connect(url: Option<&str>) -> Result<PgPool, CliError> {
+    connect_with(url, 2).await
+}
+
+/// [`connect`] with a pool of up to `max` connections (the dashboard serves requests
+/// side by side).
+pub(crate) async fn connect_with(url: Option<&str>, max: u32) -> Result<PgPool, CliError> {
     let url = url.filter(|u| !u.trim().is_empty()).ok_or_else(|| {
         CliError::new(Kind::Connect, "no database given").hint(
             "pass --database-url postgres://user:password@host:5432/dbname, or set DATABASE_URL",
@@ -49,7 +55,7 @@ pub(crate) async fn connect(url: Option<&str>) -> Result<PgPool, CliError> {
         })?
         .map_err(|e| connect_error(&shown, e))?;
     let pool = PgPoolOptions::new()
-        .max_connections(2)
+        .max_connections(max)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect_lazy_with(opts);
     let _ = probe.close().await;

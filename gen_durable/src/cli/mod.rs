@@ -9,12 +9,14 @@
 mod actions;
 mod args;
 mod connect;
+#[cfg(feature = "dashboard")]
+mod dashboard;
 mod error;
 mod explain;
 mod inspect;
 mod migrate_instances;
 mod status;
-mod table;
+pub(crate) mod table;
 
 use std::process::ExitCode;
 
@@ -104,7 +106,20 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Signal { args, key, .. } => Some(actions::signal_args(args, key.as_deref())?),
         _ => None,
     };
-    let pool = connect::connect(cli.database_url.as_deref()).await?;
+    #[cfg(feature = "dashboard")]
+    let dashboard_config = match &cli.command {
+        Command::Dashboard { auth_token_env, .. } => {
+            Some(dashboard::config(auth_token_env.as_deref())?)
+        }
+        _ => None,
+    };
+    let pool = match &cli.command {
+        #[cfg(feature = "dashboard")]
+        Command::Dashboard { .. } => {
+            connect::connect_with(cli.database_url.as_deref(), dashboard::POOL_SIZE).await?
+        }
+        _ => connect::connect(cli.database_url.as_deref()).await?,
+    };
     if !matches!(cli.command, Command::Migrate) {
         connect::require_schema(&pool).await?;
     }
@@ -119,6 +134,11 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         }
         Command::Cancel { id } => actions::cancel(&pool, id).await,
         Command::Retry { id } => actions::retry(&pool, id).await,
+        #[cfg(feature = "dashboard")]
+        Command::Dashboard { listen, .. } => {
+            let config = dashboard_config.expect("read above");
+            dashboard::run(&pool, listen, config).await
+        }
         Command::Gc { older_than } => actions::gc(&pool, older_than).await,
         Command::MigrateInstances {
             fsm,

@@ -75,7 +75,7 @@ pub(crate) async fn applied_migrations<'e>(db: impl PgExecutor<'e>) -> Result<Ve
 ///
 /// `ready` and `oldest_ready` only count runnable rows whose `eligible_at` has passed: a
 /// row scheduled for tomorrow is not late, so it must not show as lag.
-const QUEUE_STATUS: &str = r#"/* gd:admin */
+pub(super) const QUEUE_STATUS: &str = r#"/* gd:admin */
 SELECT queue, status::text AS status, count(*) AS count,
        count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now())) AS ready,
        min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
@@ -195,7 +195,7 @@ pub(crate) async fn unrunnable<'e>(
 /// to `runnable` on its next pass, so rows that stay here mean no node runs a reaper,
 /// and a holder that keeps appearing is a node that died. Reads the lease index
 /// (`lease_expires_at WHERE status = 'executing'`), so it costs the expired rows only.
-const EXPIRED_LEASES: &str = r#"/* gd:admin */
+pub(super) const EXPIRED_LEASES: &str = r#"/* gd:admin */
 SELECT queue, locked_by, count(*) AS count, min(lease_expires_at) AS oldest_expiry,
        (array_agg(id ORDER BY lease_expires_at, id))[1:$2] AS ids
   FROM gd_instances
@@ -228,7 +228,7 @@ pub(crate) async fn expired_leases<'e>(
 
 /// Every announced node, live or not, with the database's verdict on liveness so the
 /// CLI and the `UNRUNNABLE` statement use the same window and the same clock.
-const NODES: &str = r#"/* gd:admin */
+pub(super) const NODES: &str = r#"/* gd:admin */
 SELECT node_id, queues, fsms, started_at, last_seen_at,
        last_seen_at > coalesce($1, now()) - $2 * interval '1 millisecond' AS live
   FROM gd_nodes
@@ -299,7 +299,7 @@ pub(crate) async fn db_now<'e>(
 /// shows exactly what is stored; `unique_guard` is dropped, being derived. Inbox and
 /// children are counted in full but listed only up to `$2`, by id: a parent of 10,000
 /// children must not print them all. Children come from the `parent_id` index.
-const INSPECT: &str = r#"/* gd:admin */
+pub(super) const INSPECT: &str = r#"/* gd:admin */
 SELECT to_jsonb(i) - 'unique_guard' AS row,
        (SELECT count(*) FROM gd_signals s WHERE s.target_id = i.id) AS inbox_total,
        (SELECT coalesce(jsonb_agg(to_jsonb(s) - 'target_id' ORDER BY s.id), '[]')

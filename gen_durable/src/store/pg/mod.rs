@@ -21,7 +21,7 @@
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
 //! kinds: `claim`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
 //! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
-//! `schedule`, `migrate`, `explain` here;
+//! `schedule`, `migrate`, `explain`, `dashboard` here;
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
 //! them (or a new kind added to that list) at the very start of its text.
 
@@ -29,6 +29,8 @@ pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod control;
 pub(crate) mod explain;
+#[cfg(feature = "dashboard")]
+pub(crate) mod dashboard;
 pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod migration;
@@ -85,6 +87,7 @@ mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
     const SOURCES: [(&str, &str); 11] = [
         ("admin.rs", include_str!("admin.rs")),
+        ("dashboard.rs", include_str!("dashboard.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
         ("explain.rs", include_str!("explain.rs")),

@@ -1,0 +1,136 @@
+//! The action routes: POST only, each authorized first (`auth::authorize`: token, then
+//! CSRF), then done through the library's own `Client` — the same code as the CLI's
+//! `cancel`, `retry` and `signal`. On a read-only dashboard every route answers 403
+//! before touching the database.
+//!
+//! Restart-from-step, bulk actions and pause/resume are being built on another branch:
+//! each adds its `Client` call as one more handler here, its route in [`routes`], and its
+//! form in `instance::actions` (or on the overview, for pause/resume).
+
+use axum::extract::{Path, State};
+use axum::http::header::LOCATION;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Form, Router};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::auth::authorize;
+use super::error::DashboardError;
+use super::AppState;
+use crate::Client;
+
+/// Every action route. On a read-only dashboard each one is [`refuse`], which reads
+/// no body and runs nothing.
+pub(crate) fn routes(read_only: bool) -> Router<AppState> {
+    if read_only {
+        return ACTION_PATHS
+            .iter()
+            .fold(Router::new(), |r, path| r.route(path, post(refuse)));
+    }
+    Router::new()
+        .route(ACTION_PATHS[0], post(cancel))
+        .route(ACTION_PATHS[1], post(retry))
+        .route(ACTION_PATHS[2], post(signal))
+}
+
+/// The action routes, in `routes`' order.
+pub(crate) const ACTION_PATHS: [&str; 3] = [
+    "/instances/{id}/cancel",
+    "/instances/{id}/retry",
+    "/instances/{id}/signal",
+];
+
+async fn refuse() -> DashboardError {
+    DashboardError::ReadOnly
+}
+
+/// A form with only its CSRF token.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CsrfOnly {
+    #[serde(default)]
+    csrf: String,
+}
+
+/// The signal form.
+#[derive(Debug, Deserialize)]
+pub(crate) struct SignalForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    payload: String,
+    #[serde(default)]
+    dedup_key: String,
+}
+
+fn back_to(id: i64, did: &str) -> Response {
+    let mut res = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/instances/{id}?did={did}")) {
+        res.headers_mut().insert(LOCATION, v);
+    }
+    res
+}
+
+/// The engine's answer to an action: its refusals (unknown or finished instance, a bad
+/// signal) are the operator's to read, not server failures.
+fn refused(e: crate::Error) -> DashboardError {
+    match e {
+        crate::Error::NotFound { id } => DashboardError::NotFound(id),
+        crate::Error::Database(_) => DashboardError::Database(e),
+        other => DashboardError::Refused(other),
+    }
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfOnly>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    Client::new(state.pool.clone())
+        .cancel(id)
+        .await
+        .map_err(refused)?;
+    Ok(back_to(id, "cancelled"))
+}
+
+async fn retry(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfOnly>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    Client::new(state.pool.clone())
+        .retry(id)
+        .await
+        .map_err(refused)?;
+    Ok(back_to(id, "retried"))
+}
+
+async fn signal(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Form(form): Form<SignalForm>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    let raw = if form.payload.trim().is_empty() {
+        "null"
+    } else {
+        form.payload.as_str()
+    };
+    let payload: Value = serde_json::from_str(raw)
+        .map_err(|e| DashboardError::BadRequest(format!("the payload is not JSON: {e}")))?;
+    let gd = Client::new(state.pool.clone());
+    let mut send = gd.signal(id, form.name.as_str(), payload);
+    if !form.dedup_key.trim().is_empty() {
+        send = send.dedup_key(form.dedup_key.trim());
+    }
+    send.await.map_err(refused)?;
+    Ok(back_to(id, "signalled"))
+}

@@ -1,0 +1,76 @@
+//! What can go wrong while serving a page or an action, and the page each answers with.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::html;
+
+use super::layout::Page;
+
+/// Why the dashboard refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DashboardError {
+    /// The dashboard has no operator token: it only shows (403).
+    #[error(
+        "this dashboard is read-only: start it with an operator token (--auth-token-env) to act"
+    )]
+    ReadOnly,
+    /// The request carries no valid operator token (403).
+    #[error("sign in with the operator token first")]
+    NotSignedIn,
+    /// The form's CSRF token is missing or is not this browser's (403).
+    #[error("the form's CSRF token does not match this browser's: reload the page and try again")]
+    Csrf,
+    /// No such instance (404).
+    #[error("no instance with id {0}")]
+    NotFound(i64),
+    /// A query parameter or form field that does not parse (400).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The engine refused the action (a finished instance, a bad signal…) (409).
+    #[error("{0}")]
+    Refused(crate::Error),
+    /// The database failed (500).
+    #[error("database error: {0}")]
+    Database(crate::Error),
+    /// The operating system gave no random bytes for a CSRF token (500).
+    #[error("no randomness available for a CSRF token")]
+    NoRandomness,
+}
+
+impl From<crate::Error> for DashboardError {
+    fn from(e: crate::Error) -> Self {
+        DashboardError::Database(e)
+    }
+}
+
+impl DashboardError {
+    fn status(&self) -> StatusCode {
+        match self {
+            DashboardError::ReadOnly | DashboardError::NotSignedIn | DashboardError::Csrf => {
+                StatusCode::FORBIDDEN
+            }
+            DashboardError::NotFound(_) => StatusCode::NOT_FOUND,
+            DashboardError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            DashboardError::Refused(_) => StatusCode::CONFLICT,
+            DashboardError::Database(_) | DashboardError::NoRandomness => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+}
+
+impl IntoResponse for DashboardError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let page = Page::new(
+            status.canonical_reason().unwrap_or("error"),
+            html! {
+                h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+                p.error id="error" { (self.to_string()) }
+                p { a href="/" { "Back to the overview" } }
+            },
+        );
+        (status, page).into_response()
+    }
+}

@@ -1,0 +1,124 @@
+//! A web dashboard over a gen_durable database (feature `dashboard`): the overview of
+//! every queue, the instance list and pages, and the FSM versions nodes run.
+//!
+//! Server-rendered HTML (no script to build; the throughput chart is inline SVG), every
+//! page a handful of indexed statements (docs/dashboard.md has their plans at 1M rows).
+//! Serve [`router`] for a read-only dashboard, or [`router_with`] and an operator token
+//! for one that can also cancel, retry and signal:
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> std::io::Result<()> {
+//! use gen_durable::dashboard::{router_with, DashboardConfig};
+//! let app = router_with(pool, DashboardConfig::new().with_operator_token("s3cret"));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:4000").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
+//!
+//! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]`.
+//!
+//! **Read-only** (no token): every action route answers 403 and runs no statement; the
+//! pages only read. **With a token**: an operator signs in with it on `/login` (it is
+//! kept in an `HttpOnly`, `SameSite=Strict` cookie) or sends `Authorization: Bearer
+//! TOKEN`; every action is a POST whose token is compared in constant time, and a form
+//! must also carry the CSRF token of its page (double submit: a random value in a
+//! `SameSite=Strict` cookie and in the form's hidden field, compared in constant time).
+//! Put the dashboard behind TLS when it leaves localhost: the token travels in clear.
+
+mod actions;
+mod auth;
+mod chart;
+mod error;
+mod explain;
+mod fsms;
+mod instance;
+mod instances;
+mod layout;
+mod overview;
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use sqlx::PgPool;
+
+pub use error::DashboardError;
+
+/// How a dashboard is served: read-only unless it has an operator token.
+#[derive(Clone, Default)]
+pub struct DashboardConfig {
+    operator_token: Option<String>,
+}
+
+impl DashboardConfig {
+    /// A read-only dashboard.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets an operator who presents `token` act (cancel, retry, signal). An empty token
+    /// leaves the dashboard read-only.
+    pub fn with_operator_token(mut self, token: impl Into<String>) -> Self {
+        let token = token.into();
+        self.operator_token = (!token.is_empty()).then_some(token);
+        self
+    }
+
+    /// Whether actions are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.operator_token.is_none()
+    }
+}
+
+impl fmt::Debug for DashboardConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DashboardConfig")
+            .field(
+                "operator_token",
+                &self.operator_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// What every handler gets.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) pool: PgPool,
+    /// `None`: read-only.
+    pub(crate) token: Option<Arc<str>>,
+}
+
+/// A read-only dashboard over `pool`: pages only, every action refused.
+pub fn router(pool: PgPool) -> Router {
+    router_with(pool, DashboardConfig::new())
+}
+
+/// A dashboard over `pool` as `config` says.
+pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
+    let read_only = config.is_read_only();
+    let state = AppState {
+        pool,
+        token: config.operator_token.map(Arc::from),
+    };
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/instances", get(instances::page))
+        .route("/instances/{id}", get(instance::page))
+        .route("/fsms", get(fsms::page))
+        .route("/login", get(auth::login_page).post(auth::login))
+        .route("/logout", post(auth::logout))
+        .merge(actions::routes(read_only))
+        .layer(axum::middleware::from_fn(auth::csrf_cookie))
+        .layer(axum::middleware::map_response(layout::security_headers))
+        .with_state(state)
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of every statement the pages run, `id` standing for the
+/// instance page's instance: (what, plan). For docs/dashboard.md (see the ignored test
+/// `dashboard_load`); runs each statement once.
+#[doc(hidden)]
+pub async fn plans(pool: &PgPool, id: i64) -> Result<Vec<(String, String)>, DashboardError> {
+    Ok(crate::store::pg::dashboard::plans(pool, id).await?)
+}

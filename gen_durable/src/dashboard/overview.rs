@@ -1,0 +1,157 @@
+//! `/`: every queue's counts by status and lag, the throughput of the last 30 minutes,
+//! paused queues, expired leases and the nodes. The counts and nodes are `status`'s own
+//! statements (`store::pg::admin`); the chart and the pauses are the dashboard's.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Extension;
+use chrono::{DateTime, Utc};
+use maud::html;
+
+use super::auth::{self, Csrf};
+use super::error::DashboardError;
+use super::layout::{self, Page};
+use super::{chart, AppState};
+use crate::store::pg::{admin, dashboard};
+use crate::Status;
+
+/// One queue's line.
+#[derive(Debug, Default)]
+struct QueueLine {
+    counts: BTreeMap<Status, i64>,
+    ready: i64,
+    oldest_ready: Option<DateTime<Utc>>,
+}
+
+pub(crate) async fn page(
+    State(state): State<AppState>,
+    Extension(csrf): Extension<Csrf>,
+    headers: HeaderMap,
+) -> Result<Page, DashboardError> {
+    let pool = &state.pool;
+    // One clock for every figure of the page: the database's.
+    let now = admin::db_now(pool, None).await?;
+    let cells = admin::queue_status(pool, Some(now)).await?;
+    let first = chart::first_minute(now);
+    let minutes = dashboard::throughput(pool, first).await?;
+    let pauses = dashboard::pauses(pool).await?;
+    let expired = admin::expired_leases(pool, Some(now)).await?;
+    let nodes = admin::nodes(pool, Some(now)).await?;
+
+    let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
+    for c in cells {
+        let q = queues.entry(c.queue).or_default();
+        q.counts.insert(c.status, c.count);
+        q.ready += c.ready;
+        // Only the runnable cell has one.
+        if c.oldest_ready.is_some() {
+            q.oldest_ready = c.oldest_ready;
+        }
+    }
+    let operator = auth::is_operator(&state, &headers);
+    let body = html! {
+        h1 { "Overview" }
+        p.note { "as of " (layout::time(&now)) }
+        @if !pauses.is_empty() {
+            h2 { "Paused queues" }
+            table id="pauses" {
+                tr { th { "queue" } th { "paused" } th { "reason" } }
+                @for p in &pauses {
+                    tr {
+                        td { (p.queue) }
+                        td { (layout::time(&p.paused_at)) " (" (layout::ago(now, p.paused_at)) ")" }
+                        td { (p.reason.as_deref().unwrap_or("-")) }
+                    }
+                }
+            }
+        }
+        h2 { "Queues" }
+        @if queues.is_empty() {
+            p id="queues" { "No instances yet." }
+        } @else {
+            table id="queues" {
+                tr {
+                    th { "queue" }
+                    @for s in Status::ALL { th { (s.as_str()) } }
+                    th { "ready now" } th { "lag of the oldest ready" }
+                }
+                @for (name, q) in &queues {
+                    tr data-queue=(name) {
+                        td { a href=(format!("/instances?queue={}", urlencode(name))) { (name) } }
+                        @for s in Status::ALL {
+                            @let n = q.counts.get(&s).copied().unwrap_or(0);
+                            td.n data-status=(s.as_str()) {
+                                @if n > 0 {
+                                    a href=(format!("/instances?queue={}&status={}", urlencode(name), s.as_str())) { (n) }
+                                } @else { "0" }
+                            }
+                        }
+                        td.n { (q.ready) }
+                        td.n.lag {
+                            @match q.oldest_ready {
+                                Some(t) => (layout::span((now - t).num_milliseconds() as f64 / 1000.0)),
+                                None => "-",
+                            }
+                        }
+                    }
+                }
+            }
+            p.note { "ready now: runnable rows whose time has come; lag: how long the oldest of them has waited." }
+        }
+        h2 { "Finished per minute, last " (chart::MINUTES) " minutes" }
+        (chart::throughput(first, &minutes))
+        p.note { span style="color:#3c9d5d" { "■ done" } " " span style="color:#d0453a" { "■ failed" } }
+        @if !expired.is_empty() {
+            h2 { "Executing rows whose lease expired" }
+            table id="expired" {
+                tr { th { "queue" } th { "node" } th { "rows" } th { "oldest expiry" } th { "ids" } }
+                @for e in &expired {
+                    tr {
+                        td { (e.queue) }
+                        td { (e.locked_by.as_deref().unwrap_or("-")) }
+                        td.n { (e.count) }
+                        td { (e.oldest_expiry.as_ref().map_or("-".into(), layout::time)) }
+                        td { @for id in &e.ids { (layout::instance_link(*id)) " " } }
+                    }
+                }
+            }
+        }
+        h2 { "Nodes" }
+        @if nodes.is_empty() {
+            p id="nodes" { "No node has announced itself." }
+        } @else {
+            table id="nodes" {
+                tr { th { "node" } th { "live" } th { "last heartbeat" } th { "started" } th { "queues" } th { "FSMs" } }
+                @for n in &nodes {
+                    tr {
+                        td { (n.node_id) }
+                        td { @if n.live { "yes" } @else { span.error { "no" } } }
+                        td { (layout::ago(now, n.last_seen_at)) }
+                        td { (layout::time(&n.started_at)) }
+                        td { (n.queues.join(", ")) }
+                        td { (n.fsms.join(", ")) }
+                    }
+                }
+            }
+            p.note { "live: announced in the last " (admin::NODE_LIVE_WINDOW_MS / 1000) " s." }
+        }
+    };
+    Ok(Page::new("Overview", body)
+        .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
+}
+
+/// A query-string value, percent-encoded (queue names are free text).
+pub(crate) fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}

@@ -1,0 +1,360 @@
+//! The statements only the web dashboard runs (`crate::dashboard`); its overview and
+//! instance page also reuse `status`'s and `inspect`'s statements from `admin.rs`.
+//!
+//! Every statement here is bounded by an index range or a `LIMIT` on an index scan, so
+//! a page costs the same on a table of a thousand rows or of a million: the EXPLAIN
+//! lines are in docs/dashboard.md. All of them only read.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use crate::error::Result;
+
+/// Done and failed rows per minute since `$1`, for the overview's chart. A range of the
+/// collector's index `gd_instances_terminal (updated_at) WHERE status IN ('done',
+/// 'failed')`, so it reads the rows that finished in the window and nothing older: its
+/// cost follows the throughput, not the table. A row's `updated_at` of a terminal row is
+/// when it finished (nothing updates it afterwards).
+const THROUGHPUT: &str = r#"/* gd:dashboard */
+SELECT date_trunc('minute', updated_at) AS minute,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'failed') AS failed
+  FROM gd_instances
+ WHERE status IN ('done', 'failed') AND updated_at >= $1
+ GROUP BY 1
+ ORDER BY 1
+"#;
+
+/// One minute of the throughput chart.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct MinuteRow {
+    pub(crate) minute: DateTime<Utc>,
+    pub(crate) done: i64,
+    pub(crate) failed: i64,
+}
+
+pub(crate) async fn throughput<'e>(
+    db: impl PgExecutor<'e>,
+    since: DateTime<Utc>,
+) -> Result<Vec<MinuteRow>> {
+    Ok(sqlx::query_as(THROUGHPUT).bind(since).fetch_all(db).await?)
+}
+
+/// Queues an operator paused (migration 0009): a handful of rows at most.
+const PAUSES: &str = r#"/* gd:dashboard */
+SELECT queue, paused_at, reason FROM gd_queue_pauses ORDER BY queue
+"#;
+
+/// One paused queue.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct PauseRow {
+    pub(crate) queue: String,
+    pub(crate) paused_at: DateTime<Utc>,
+    pub(crate) reason: Option<String>,
+}
+
+pub(crate) async fn pauses<'e>(db: impl PgExecutor<'e>) -> Result<Vec<PauseRow>> {
+    Ok(sqlx::query_as(PAUSES).fetch_all(db).await?)
+}
+
+/// One page of the instance list, newest first, below the keyset cursor `$1`.
+///
+/// The filters (queue, FSM, status, insert time) are checked on the rows of a *window*:
+/// the `$2` rows below the cursor in primary-key order (a backward range scan of the
+/// primary key, stopped by the `LIMIT`). No combination of filters can make a page read
+/// more than the window, whatever the table holds; a page that finds fewer than `$8`
+/// matches in its window says so and its "older" link starts below the window
+/// ([`WINDOW_END`]). The subquery keeps the window's order, so no sort runs.
+const PAGE: &str = r#"/* gd:dashboard */
+SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.attempt,
+       w.unique_key, w.parent_id, w.last_error, w.inserted_at, w.updated_at
+  FROM (SELECT id, fsm, fsm_version, step, status, queue, attempt, unique_key, parent_id,
+               last_error, inserted_at, updated_at
+          FROM gd_instances
+         WHERE id < $1
+         ORDER BY id DESC
+         LIMIT $2) w
+ WHERE ($3::text IS NULL OR w.queue = $3)
+   AND ($4::text IS NULL OR w.fsm = $4)
+   AND ($5::text IS NULL OR w.status = $5::text::gd_status)
+   AND ($6::timestamptz IS NULL OR w.inserted_at >= $6)
+   AND ($7::timestamptz IS NULL OR w.inserted_at < $7)
+ ORDER BY w.id DESC
+ LIMIT $8
+"#;
+
+/// The same page for one correlation key: the key index `gd_instances_key (unique_key,
+/// id)` gives exactly its rows, newest first, so no window is needed (`$2` is the key;
+/// the other parameters are [`PAGE`]'s).
+const PAGE_BY_KEY: &str = r#"/* gd:dashboard */
+SELECT id, fsm, fsm_version, step, status::text AS status, queue, attempt, unique_key,
+       parent_id, last_error, inserted_at, updated_at
+  FROM gd_instances
+ WHERE unique_key = $2 AND id < $1
+   AND ($3::text IS NULL OR queue = $3)
+   AND ($4::text IS NULL OR fsm = $4)
+   AND ($5::text IS NULL OR status = $5::text::gd_status)
+   AND ($6::timestamptz IS NULL OR inserted_at >= $6)
+   AND ($7::timestamptz IS NULL OR inserted_at < $7)
+ ORDER BY id DESC
+ LIMIT $8
+"#;
+
+/// The lowest id of a window (see [`PAGE`]): an index-only scan of `$2` primary-key
+/// entries. `NULL` when no row is below the cursor.
+const WINDOW_END: &str = r#"/* gd:dashboard */
+SELECT min(id) FROM (SELECT id FROM gd_instances WHERE id < $1 ORDER BY id DESC LIMIT $2) w
+"#;
+
+/// What the instance list filters on; `None` is "any".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ListFilter {
+    pub(crate) queue: Option<String>,
+    pub(crate) fsm: Option<String>,
+    pub(crate) status: Option<String>,
+    pub(crate) key: Option<String>,
+    pub(crate) since: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
+}
+
+/// One line of the instance list.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct ListRow {
+    pub(crate) id: i64,
+    pub(crate) fsm: String,
+    pub(crate) fsm_version: i32,
+    pub(crate) step: String,
+    pub(crate) status: String,
+    pub(crate) queue: String,
+    pub(crate) attempt: i32,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) parent_id: Option<i64>,
+    pub(crate) last_error: Option<String>,
+    pub(crate) inserted_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
+}
+
+/// Up to `limit` rows matching `filter` with ids below `before`, newest first; without a
+/// key, only among the `window` rows below `before`.
+pub(crate) async fn page<'e>(
+    db: impl PgExecutor<'e>,
+    filter: &ListFilter,
+    before: i64,
+    window: i64,
+    limit: i64,
+) -> Result<Vec<ListRow>> {
+    let q = match &filter.key {
+        Some(key) => sqlx::query_as(PAGE_BY_KEY).bind(before).bind(key.clone()),
+        None => sqlx::query_as(PAGE).bind(before).bind(window),
+    };
+    let q = q
+        .bind(&filter.queue)
+        .bind(&filter.fsm)
+        .bind(&filter.status)
+        .bind(filter.since)
+        .bind(filter.until)
+        .bind(limit);
+    Ok(q.fetch_all(db).await?)
+}
+
+pub(crate) async fn window_end<'e>(
+    db: impl PgExecutor<'e>,
+    before: i64,
+    window: i64,
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(WINDOW_END)
+        .bind(before)
+        .bind(window)
+        .fetch_one(db)
+        .await?)
+}
+
+/// The descendants of `$1`, breadth first, down to depth `$2`, at most `$3` of them: a
+/// recursive walk of the `gd_instances_parent (parent_id)` index. The outer `LIMIT`
+/// stops the walk (a recursive CTE is evaluated as its rows are read), so a parent of
+/// 10,000 children costs `$3` index probes.
+const TREE: &str = r#"/* gd:dashboard */
+WITH RECURSIVE tree AS (
+    SELECT id, parent_id, fsm, fsm_version, step, status, 1 AS depth
+      FROM gd_instances WHERE parent_id = $1
+    UNION ALL
+    SELECT c.id, c.parent_id, c.fsm, c.fsm_version, c.step, c.status, t.depth + 1
+      FROM tree t JOIN gd_instances c ON c.parent_id = t.id
+     WHERE t.depth < $2
+)
+SELECT id, parent_id, fsm, fsm_version, step, status::text AS status, depth
+  FROM tree
+ LIMIT $3
+"#;
+
+/// One descendant in the instance page's tree.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct TreeRow {
+    pub(crate) id: i64,
+    pub(crate) parent_id: Option<i64>,
+    pub(crate) fsm: String,
+    pub(crate) fsm_version: i32,
+    pub(crate) step: String,
+    pub(crate) status: String,
+    pub(crate) depth: i32,
+}
+
+pub(crate) async fn tree<'e>(
+    db: impl PgExecutor<'e>,
+    id: i64,
+    max_depth: i32,
+    limit: i64,
+) -> Result<Vec<TreeRow>> {
+    Ok(sqlx::query_as(TREE)
+        .bind(id)
+        .bind(max_depth)
+        .bind(limit)
+        .fetch_all(db)
+        .await?)
+}
+
+/// The (FSM, version) pairs present in rows, with their live and total counts. Exact
+/// counts need every row: this is the one statement of the dashboard that reads the
+/// whole table (as `status`'s per-queue counts do), paid when the FSMs page is opened.
+const FSM_VERSIONS: &str = r#"/* gd:dashboard */
+SELECT fsm, fsm_version,
+       count(*) FILTER (WHERE status NOT IN ('done', 'failed')) AS live,
+       count(*) AS rows
+  FROM gd_instances
+ GROUP BY fsm, fsm_version
+ ORDER BY fsm, fsm_version
+"#;
+
+/// One (FSM, version) present in rows.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct FsmVersionRow {
+    pub(crate) fsm: String,
+    pub(crate) fsm_version: i32,
+    pub(crate) live: i64,
+    pub(crate) rows: i64,
+}
+
+pub(crate) async fn fsm_versions<'e>(db: impl PgExecutor<'e>) -> Result<Vec<FsmVersionRow>> {
+    Ok(sqlx::query_as(FSM_VERSIONS).fetch_all(db).await?)
+}
+
+/// Every statement a dashboard page runs, with the parameters of a typical first load,
+/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/dashboard.md records
+/// at 1M rows (`plans`); the queue counts, nodes, leases and inspection are `status`'s
+/// and `inspect`'s.
+fn page_statements(id: i64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
+    use super::admin;
+    let t = Param::Time;
+    vec![
+        (
+            "overview: queue counts (status)",
+            admin::QUEUE_STATUS,
+            vec![Param::NullTime],
+        ),
+        ("overview: throughput", THROUGHPUT, vec![t(30)]),
+        ("overview: pauses", PAUSES, vec![]),
+        (
+            "overview: expired leases",
+            admin::EXPIRED_LEASES,
+            vec![Param::NullTime, Param::Int4(10)],
+        ),
+        (
+            "overview, fsms: nodes",
+            admin::NODES,
+            vec![Param::NullTime, Param::Int(60_000)],
+        ),
+        (
+            "instances: first page, no filter",
+            PAGE,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Int(10_000),
+                Param::NullText,
+                Param::NullText,
+                Param::NullText,
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: first page, status=failed, queue=q1",
+            PAGE,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Int(10_000),
+                Param::Text("q1"),
+                Param::NullText,
+                Param::Text("failed"),
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: by key",
+            PAGE_BY_KEY,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Text("order:500000"),
+                Param::NullText,
+                Param::NullText,
+                Param::NullText,
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+            ],
+        ),
+        (
+            "instances: window end",
+            WINDOW_END,
+            vec![Param::Int(i64::MAX), Param::Int(10_000)],
+        ),
+        (
+            "instance: inspect",
+            admin::INSPECT,
+            vec![Param::Int(id), Param::Int(100)],
+        ),
+        (
+            "instance: tree",
+            TREE,
+            vec![Param::Int(id), Param::Int4(4), Param::Int(200)],
+        ),
+        ("fsms: versions in rows", FSM_VERSIONS, vec![]),
+    ]
+}
+
+/// A parameter of [`page_statements`].
+#[derive(Debug, Clone, Copy)]
+enum Param {
+    NullText,
+    NullTime,
+    Int(i64),
+    Int4(i32),
+    Text(&'static str),
+    /// `now()` minus this many minutes.
+    Time(i64),
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
+/// of the instance page: (name, plan). For docs/dashboard.md; runs each statement once.
+pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (name, sql, params) in page_statements(id) {
+        let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}");
+        let mut q = sqlx::query_scalar::<_, String>(&explain);
+        for p in params {
+            q = match p {
+                Param::NullText => q.bind(None::<String>),
+                Param::NullTime => q.bind(None::<DateTime<Utc>>),
+                Param::Int(n) => q.bind(n),
+                Param::Int4(n) => q.bind(n),
+                Param::Text(s) => q.bind(s),
+                Param::Time(m) => q.bind(Utc::now() - chrono::Duration::minutes(m)),
+            };
+        }
+        let lines: Vec<String> = q.fetch_all(pool).await?;
+        out.push((name.to_string(), lines.join("\n")));
+    }
+    Ok(out)
+}

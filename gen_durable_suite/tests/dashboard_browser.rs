@@ -1,0 +1,363 @@
+//! The dashboard in a real browser: headless Chromium driven through chromedriver
+//! (WebDriver, `fantoccini`). Each page is loaded and checked, the children tree is
+//! followed link by link, the chart's SVG is rendered, an action is refused without the
+//! operator token (the row unchanged) and done with it (the row cancelled), and each page
+//! is saved as docs/dashboard/<page>.png (the README shows them): overview, instances,
+//! instance (a parked one, as an operator sees it), instance-tree (a parent), fsms.
+//!
+//! Needs `chromedriver` and `chromium` (Debian: `apt-get install chromium chromium-driver`;
+//! `.ci/run` installs them and sets `GD_REQUIRE_BROWSER=1`). Without them the test says so
+//! and passes, unless `GD_REQUIRE_BROWSER=1`.
+
+mod dashboard_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dashboard_support::{fingerprint, seed, status_of, TOKEN};
+use fantoccini::{Client, ClientBuilder, Locator};
+use gen_durable::dashboard::{router_with, DashboardConfig};
+use gen_durable_testkit::TestDb;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::json;
+
+/// How long chromedriver and each page may take.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A chromedriver this test started, stopped (by its handle) when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chromedriver_path() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("chromedriver"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let p = PathBuf::from("/usr/bin/chromedriver");
+        p.is_file().then_some(p)
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts chromedriver on a free port and waits (polling, within [`DEADLINE`]) until it
+/// accepts connections.
+async fn start_driver(path: &Path) -> Driver {
+    let port = free_port();
+    let child = Command::new(path)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let until = Instant::now() + DEADLINE;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < until,
+            "chromedriver did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    driver
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut caps = serde_json::Map::new();
+    let mut chrome = json!({
+        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000", "--hide-scrollbars"],
+    });
+    if Path::new("/usr/bin/chromium").is_file() {
+        chrome["binary"] = json!("/usr/bin/chromium");
+    }
+    caps.insert("goog:chromeOptions".into(), chrome);
+    ClientBuilder::new(HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a Chromium session")
+}
+
+/// Serves an operator dashboard on a free port; returns its base URL.
+async fn serve(pool: sqlx::PgPool) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router_with(pool, DashboardConfig::new().with_operator_token(TOKEN));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+async fn screenshot(c: &Client, page: &str) {
+    let png = c.screenshot().await.unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{page}.png")), png).unwrap();
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.wait()
+        .at_most(DEADLINE)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Clicks `css` and waits until the browser is on a page whose path is `path`.
+async fn click_to(c: &Client, css: &str, path: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+    let want = path.to_string();
+    wait_for_url(c, move |u| {
+        u.split_once("://")
+            .and_then(|(_, rest)| rest.find('/').map(|i| &rest[i..]))
+            .is_some_and(|p| p.split('?').next() == Some(want.as_str()))
+    })
+    .await;
+}
+
+/// Waits (polling, within [`DEADLINE`]) until the browser is on a URL `ok` accepts: a
+/// click that navigates may return before the new page is there.
+async fn wait_for_url(c: &Client, ok: impl Fn(&str) -> bool) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let url = c.current_url().await.unwrap();
+        let ready = c
+            .execute("return document.readyState", vec![])
+            .await
+            .unwrap();
+        if ok(url.as_str()) && ready == json!("complete") {
+            return;
+        }
+        assert!(Instant::now() < until, "still on {url}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_in_a_real_browser() {
+    let Some(path) = chromedriver_path() else {
+        assert!(
+            std::env::var("GD_REQUIRE_BROWSER").as_deref() != Ok("1"),
+            "GD_REQUIRE_BROWSER=1 but no chromedriver on PATH or in /usr/bin"
+        );
+        eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let base = serve(db.pool().clone()).await;
+    let driver = start_driver(&path).await;
+    let c = browser(&driver).await;
+
+    // Overview: counts per queue, the paused queue, the node, the chart.
+    c.goto(&base).await.unwrap();
+    let queues = text(&c, "#queues").await;
+    assert!(
+        queues.contains("checkout") && queues.contains("fanout"),
+        "{queues}"
+    );
+    assert!(text(&c, "#pauses").await.contains("smtp maintenance"));
+    assert!(text(&c, "#nodes").await.contains("node-a"));
+    let bars = c
+        .find_all(Locator::Css("svg#throughput rect.bar.done"))
+        .await
+        .unwrap();
+    assert_eq!(bars.len(), 30, "a bar per minute");
+    let failed_bars = c
+        .find_all(Locator::Css("svg#throughput rect.bar.failed"))
+        .await
+        .unwrap();
+    assert!(!failed_bars.is_empty(), "the failed rows show");
+    // Rendered, not only present: the browser laid the chart out at its size.
+    let width = c
+        .execute(
+            "return document.querySelector('svg#throughput').getBoundingClientRect().width",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(width.as_f64(), Some(600.0));
+    screenshot(&c, "overview").await;
+
+    // Instances: the list, then the filter form.
+    c.goto(&format!("{base}/instances")).await.unwrap();
+    let list = text(&c, "#instances").await;
+    for id in [s.runnable, s.parked, s.failed, s.grandchild] {
+        assert!(
+            c.find(Locator::Css(&format!("#instances tr[data-id='{id}']")))
+                .await
+                .is_ok(),
+            "{id} not listed: {list}"
+        );
+    }
+    screenshot(&c, "instances").await;
+    c.find(Locator::Css("select[name=status] option[value=failed]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Css("input[name=queue]"))
+        .await
+        .unwrap()
+        .send_keys("checkout")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form.filters button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_url(&c, |u| u.contains("status=failed")).await;
+    let rows = c
+        .find_all(Locator::Css("#instances tr[data-id]"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "only the failed checkout row");
+    assert_eq!(
+        rows[0].attr("data-id").await.unwrap(),
+        Some(s.failed.to_string())
+    );
+
+    // A parked instance with its inbox.
+    c.goto(&format!("{base}/instances/{}", s.parked))
+        .await
+        .unwrap();
+    assert!(text(&c, "[data-field=awaits]")
+        .await
+        .contains("payment_confirmed"));
+    assert!(!text(&c, "[data-field=await_deadline]").await.is_empty());
+    assert!(text(&c, "#inbox").await.contains("address_changed"));
+
+    // The parent's tree, followed link by link, and back up by the parent link.
+    c.goto(&format!("{base}/instances/{}", s.parent))
+        .await
+        .unwrap();
+    let tree = text(&c, "#children").await;
+    assert!(
+        tree.contains("done") && tree.contains("awaiting_children"),
+        "{tree}"
+    );
+    screenshot(&c, "instance-tree").await;
+    let child_link = |id: i64| format!("li[data-id='{id}'] > a.child");
+    click_to(
+        &c,
+        &child_link(s.child_mid),
+        &format!("/instances/{}", s.child_mid),
+    )
+    .await;
+    click_to(
+        &c,
+        &child_link(s.grandchild),
+        &format!("/instances/{}", s.grandchild),
+    )
+    .await;
+    assert!(text(&c, "#children").await.contains("None"));
+    click_to(&c, "#parent", &format!("/instances/{}", s.child_mid)).await;
+    click_to(&c, "#parent", &format!("/instances/{}", s.parent)).await;
+
+    // FSMs: versions nodes run against versions in rows.
+    c.goto(&format!("{base}/fsms")).await.unwrap();
+    let fsms = text(&c, "#fsms").await;
+    assert!(
+        fsms.contains("Checkout") && fsms.contains("node-a"),
+        "{fsms}"
+    );
+    assert!(
+        text(&c, "tr[data-fsm=Checkout][data-version='1']")
+            .await
+            .contains("no live node runs"),
+        "{fsms}"
+    );
+    screenshot(&c, "fsms").await;
+
+    // Not signed in: no action form, and a POST from the page is refused.
+    let before = fingerprint(db.pool()).await;
+    c.goto(&format!("{base}/instances/{}", s.runnable))
+        .await
+        .unwrap();
+    assert!(
+        c.find(Locator::Id("cancel")).await.is_err(),
+        "a cancel button before signing in"
+    );
+    let refused = c
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch(arguments[0], { method: 'POST', body: new URLSearchParams({ csrf: 'x' }) })
+               .then(r => done(r.status), e => done(String(e)));",
+            vec![json!(format!("/instances/{}/cancel", s.runnable))],
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused, json!(403));
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a refused cancel changed a row"
+    );
+
+    // Signed in with the token: cancel from the instance page.
+    c.goto(&format!("{base}/login")).await.unwrap();
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys(TOKEN)
+        .await
+        .unwrap();
+    click_to(&c, "#sign-in", "/").await;
+    // The parked instance as an operator sees it: its inbox and the action forms.
+    c.goto(&format!("{base}/instances/{}", s.parked))
+        .await
+        .unwrap();
+    assert!(c.find(Locator::Id("signal")).await.is_ok());
+    screenshot(&c, "instance").await;
+    c.goto(&format!("{base}/instances/{}", s.runnable))
+        .await
+        .unwrap();
+    click_to(&c, "#cancel", &format!("/instances/{}", s.runnable)).await;
+    assert!(text(&c, "#notice").await.starts_with("Cancelled"));
+    assert_eq!(
+        status_of(db.pool(), s.runnable).await,
+        ("failed".into(), Some("cancelled".into()))
+    );
+    assert!(text(&c, "[data-field=last_error]")
+        .await
+        .contains("cancelled"));
+
+    c.close().await.unwrap();
+    drop(driver);
+    db.close().await;
+}

@@ -1,0 +1,376 @@
+//! The dashboard over HTTP, without a browser: pages answer, a read-only dashboard
+//! refuses every action and changes nothing, and an operator dashboard refuses an action
+//! without its token or without the page's CSRF token.
+
+mod dashboard_support;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use dashboard_support::{fingerprint, seed, status_of, TOKEN};
+use gen_durable::dashboard::{router, router_with, DashboardConfig};
+use gen_durable_testkit::TestDb;
+use tower::ServiceExt;
+
+struct Answer {
+    status: StatusCode,
+    body: String,
+    set_cookies: Vec<String>,
+    location: Option<String>,
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Answer {
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let set_cookies = res
+        .headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let location = res
+        .headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Answer {
+        status,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+        set_cookies,
+        location,
+    }
+}
+
+async fn get(app: &Router, path: &str) -> Answer {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
+    let mut b =
+        Request::post(path).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(c) = cookie {
+        b = b.header(header::COOKIE, c);
+    }
+    b.body(Body::from(form.to_string())).unwrap()
+}
+
+/// The CSRF cookie a first page load hands out: its value.
+async fn csrf_of(app: &Router) -> String {
+    let a = get(app, "/").await;
+    let c = a
+        .set_cookies
+        .iter()
+        .find(|c| c.starts_with("gd_csrf="))
+        .expect("a CSRF cookie on the first page");
+    assert!(
+        c.contains("SameSite=Strict") && c.contains("HttpOnly"),
+        "{c}"
+    );
+    c["gd_csrf=".len()..c.find(';').unwrap()].to_string()
+}
+
+#[tokio::test]
+async fn pages_answer_with_their_content() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router(db.pool().clone());
+
+    let o = get(&app, "/").await;
+    assert_eq!(o.status, StatusCode::OK);
+    let headers = app
+        .clone()
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+        .headers()
+        .clone();
+    assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
+    assert!(headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
+    for want in [
+        "checkout",
+        "fanout",
+        "smtp maintenance",
+        "node-a",
+        "id=\"throughput\"",
+    ] {
+        assert!(o.body.contains(want), "overview lacks {want:?}");
+    }
+    assert_eq!(o.body.matches("class=\"bar done\"").count(), 30);
+
+    let l = get(&app, "/instances?status=failed&queue=checkout").await;
+    assert_eq!(l.status, StatusCode::OK);
+    assert!(l.body.contains(&format!("data-id=\"{}\"", s.failed)));
+    assert!(!l.body.contains(&format!("data-id=\"{}\"", s.runnable)));
+    let k = get(&app, "/instances?key=order%3A42").await;
+    assert!(
+        k.body.contains(&format!("data-id=\"{}\"", s.parked)),
+        "{}",
+        k.body
+    );
+    assert_eq!(k.body.matches("<tr data-id=").count(), 1);
+    let bad = get(&app, "/instances?status=nope").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let t = get(
+        &app,
+        "/instances?since=2000-01-01T00:00&until=2000-01-02T00:00",
+    )
+    .await;
+    assert!(t.body.contains("No instance matches"), "{}", t.body);
+
+    let i = get(&app, &format!("/instances/{}", s.parked)).await;
+    assert_eq!(i.status, StatusCode::OK);
+    for want in [
+        "payment_confirmed",
+        "address_changed",
+        "evt-1",
+        "order:42",
+        "Lyon",
+    ] {
+        assert!(i.body.contains(want), "instance page lacks {want:?}");
+    }
+    assert!(
+        !i.body.contains("id=\"cancel\""),
+        "no action form when read-only"
+    );
+    let p = get(&app, &format!("/instances/{}", s.parent)).await;
+    for id in [s.child_done, s.child_mid, s.grandchild] {
+        assert!(
+            p.body.contains(&format!("href=\"/instances/{id}\"")),
+            "tree lacks {id}"
+        );
+    }
+    let g = get(&app, &format!("/instances/{}", s.grandchild)).await;
+    assert!(g.body.contains(&format!(
+        "id=\"parent\" href=\"/instances/{}\"",
+        s.child_mid
+    )));
+    assert_eq!(
+        get(&app, "/instances/999999999").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let f = get(&app, "/fsms").await;
+    assert!(f.body.contains("data-fsm=\"Checkout\" data-version=\"1\""));
+    assert!(f.body.contains("no live node runs these live rows"));
+    db.close().await;
+}
+
+#[tokio::test]
+async fn the_instance_list_pages_by_keyset() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         SELECT 'Job', 1, 'run', '{}', CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END
+           FROM generate_series(1, 120) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let app = router(db.pool().clone());
+    let first = get(&app, "/instances").await;
+    assert_eq!(first.body.matches("<tr data-id=").count(), 50);
+    assert!(first.body.contains("data-id=\"120\"") && first.body.contains("data-id=\"71\""));
+    assert!(
+        first.body.contains("href=\"/instances?after=71\""),
+        "{}",
+        first.body
+    );
+    let third = get(&app, "/instances?after=21").await;
+    assert_eq!(third.body.matches("<tr data-id=").count(), 20);
+    assert!(!third.body.contains("id=\"older\""), "nothing below id 1");
+    // A filter keeps its value in the next page's link.
+    let odd = get(&app, "/instances?queue=odd").await;
+    assert!(odd.body.contains("data-id=\"119\"") && !odd.body.contains("data-id=\"120\""));
+    assert!(
+        odd.body
+            .contains("href=\"/instances?after=21&amp;queue=odd\""),
+        "{}",
+        odd.body
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_read_only_dashboard_refuses_every_action_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router(db.pool().clone());
+    let before = fingerprint(db.pool()).await;
+    let csrf = csrf_of(&app).await;
+    let cookie = format!("gd_csrf={csrf}; gd_token=00");
+    for id in [s.runnable, s.parked, s.failed, s.parent, 999_999_999] {
+        for action in ["cancel", "retry", "signal"] {
+            let path = format!("/instances/{id}/{action}");
+            let form = format!("csrf={csrf}&name=payment_confirmed&payload=%7B%7D");
+            let tries = [
+                post(&path, None, ""),
+                post(&path, Some(&cookie), &form),
+                Request::post(&path)
+                    .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+                    .body(Body::empty())
+                    .unwrap(),
+            ];
+            for req in tries {
+                let a = send(&app, req).await;
+                assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}: {}", a.body);
+                assert!(a.body.contains("read-only"), "{}", a.body);
+            }
+        }
+    }
+    assert_eq!(get(&app, "/login").await.status, StatusCode::FORBIDDEN);
+    let login = send(
+        &app,
+        post(
+            "/login",
+            Some(&cookie),
+            &format!("csrf={csrf}&token={TOKEN}"),
+        ),
+    )
+    .await;
+    assert_eq!(login.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a read-only dashboard changed a row"
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN),
+    );
+    let before = fingerprint(db.pool()).await;
+    let csrf = csrf_of(&app).await;
+    let path = format!("/instances/{}/cancel", s.parked);
+
+    // Sign in: a wrong token is refused, the right one sets the cookie.
+    let wrong = send(
+        &app,
+        post(
+            "/login",
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("csrf={csrf}&token=nope"),
+        ),
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::FORBIDDEN);
+    let no_csrf = send(
+        &app,
+        post(
+            "/login",
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("token={TOKEN}"),
+        ),
+    )
+    .await;
+    assert_eq!(
+        no_csrf.status,
+        StatusCode::FORBIDDEN,
+        "sign-in needs the CSRF token too"
+    );
+    let ok = send(
+        &app,
+        post(
+            "/login",
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("csrf={csrf}&token={TOKEN}"),
+        ),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    let token_cookie = ok
+        .set_cookies
+        .iter()
+        .find(|c| c.starts_with("gd_token="))
+        .expect("the sign-in cookie");
+    assert!(token_cookie.contains("SameSite=Strict") && token_cookie.contains("HttpOnly"));
+    let signed_in = token_cookie[..token_cookie.find(';').unwrap()].to_string();
+
+    let refused = [
+        // No token at all.
+        post(
+            &path,
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("csrf={csrf}"),
+        ),
+        // Signed in, but the form has no CSRF token (a forged cross-site form).
+        post(&path, Some(&format!("gd_csrf={csrf}; {signed_in}")), ""),
+        // Signed in, a CSRF token that is not this browser's.
+        post(
+            &path,
+            Some(&format!("gd_csrf={csrf}; {signed_in}")),
+            &format!("csrf={}", "0".repeat(64)),
+        ),
+        // Signed in, a CSRF field but no CSRF cookie.
+        post(&path, Some(&signed_in), &format!("csrf={csrf}")),
+        // A wrong bearer token.
+        Request::post(&path)
+            .header(header::AUTHORIZATION, "Bearer not-the-token")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap(),
+    ];
+    for req in refused {
+        let a = send(&app, req).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    }
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a refused action changed a row"
+    );
+
+    // The signed-in form with its CSRF token acts.
+    let done = send(
+        &app,
+        post(
+            &path,
+            Some(&format!("gd_csrf={csrf}; {signed_in}")),
+            &format!("csrf={csrf}"),
+        ),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER, "{}", done.body);
+    assert_eq!(
+        done.location.as_deref(),
+        Some(&*format!("/instances/{}?did=cancelled", s.parked))
+    );
+    assert_eq!(
+        status_of(db.pool(), s.parked).await,
+        ("failed".into(), Some("cancelled".into()))
+    );
+    // A script with the bearer token needs no CSRF token: a browser never sends that header.
+    let retry = send(
+        &app,
+        Request::post(format!("/instances/{}/retry", s.failed))
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::SEE_OTHER, "{}", retry.body);
+    assert_eq!(status_of(db.pool(), s.failed).await.0, "runnable");
+    // The engine's refusals are shown, not hidden: a done row cannot be cancelled.
+    let late = send(
+        &app,
+        post(
+            &format!("/instances/{}/cancel", s.child_done),
+            Some(&format!("gd_csrf={csrf}; {signed_in}")),
+            &format!("csrf={csrf}"),
+        ),
+    )
+    .await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{}", late.body);
+    db.close().await;
+}

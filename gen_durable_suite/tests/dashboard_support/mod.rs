@@ -1,0 +1,171 @@
+//! What the dashboard tests share: a database seeded with an instance in every status, a
+//! parent with a tree of children, a parked instance with an inbox, a node, a paused
+//! queue and a finished history for the chart; and a fingerprint of every row, to prove
+//! a refused action changed nothing.
+#![allow(dead_code)]
+
+use sqlx::PgPool;
+
+/// The ids of the seeded instances.
+#[derive(Debug, Clone, Copy)]
+pub struct Seeded {
+    pub runnable: i64,
+    pub executing: i64,
+    /// Awaiting `payment_confirmed` (deadline in an hour), an unrelated signal in its inbox,
+    /// correlation key `order:42`.
+    pub parked: i64,
+    pub failed: i64,
+    /// Awaiting its children: `child_done` (done) and `child_mid` (itself awaiting its
+    /// child `grandchild`, runnable).
+    pub parent: i64,
+    pub child_done: i64,
+    pub child_mid: i64,
+    pub grandchild: i64,
+    /// A runnable row of `Checkout@1`, which no live node registers.
+    pub old_version: i64,
+}
+
+/// The operator token the tests start an operator dashboard with.
+pub const TOKEN: &str = "test-operator-token-0123456789";
+
+async fn insert(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Seeds `pool` (a fresh `TestDb`).
+pub async fn seed(pool: &PgPool) -> Seeded {
+    sqlx::query(
+        "INSERT INTO gd_nodes (node_id, queues, fsms)
+         VALUES ('node-a', '{checkout,fanout,mail}', '{Checkout@2,Fanout@1,Mail@1}')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO gd_queue_pauses (queue, reason) VALUES ('mail', 'smtp maintenance')")
+        .execute(pool)
+        .await
+        .unwrap();
+    // A finished history: done and failed rows over the last half hour, for the chart.
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, result,
+                                   last_error, inserted_at, updated_at)
+         SELECT 'Mail', 1, 'send', '{}', 'mail',
+                CASE WHEN g % 7 = 0 THEN 'failed' ELSE 'done' END::gd_status,
+                CASE WHEN g % 7 = 0 THEN NULL ELSE '{\"sent\": true}' END::jsonb,
+                CASE WHEN g % 7 = 0 THEN 'smtp refused' END,
+                now() - (g * 25 + 5) * interval '1 second',
+                now() - (g * 25) * interval '1 second'
+           FROM generate_series(1, 60) g",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let runnable = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at)
+         VALUES ('Checkout', 2, 'reserve', '{\"order\": 41}', 'checkout', now() - interval '90 seconds')
+         RETURNING id",
+    )
+    .await;
+    let executing = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at)
+         VALUES ('Checkout', 2, 'ship', '{\"order\": 40}', 'checkout', 'executing', 'node-a', 1,
+                 now() + interval '30 seconds')
+         RETURNING id",
+    )
+    .await;
+    let parked = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, awaits,
+                                   await_deadline, unique_key, unique_scope)
+         VALUES ('Checkout', 2, 'ship', '{\"order\": 42}', 'checkout', 'awaiting_signal',
+                 '{payment_confirmed}', now() + interval '1 hour', 'order:42',
+                 '{runnable,executing,awaiting_signal,awaiting_children}')
+         RETURNING id",
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO gd_signals (target_id, name, payload, dedup_key)
+         VALUES ($1, 'address_changed', '{\"city\": \"Lyon\"}', 'evt-1')",
+    )
+    .bind(parked)
+    .execute(pool)
+    .await
+    .unwrap();
+    let failed = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, last_error, attempt)
+         VALUES ('Checkout', 2, 'reserve', '{\"order\": 43}', 'checkout', 'failed',
+                 'payment provider said no', 3)
+         RETURNING id",
+    )
+    .await;
+    let parent = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, children_pending)
+         VALUES ('Fanout', 1, 'gather', '{}', 'fanout', 'awaiting_children', 1)
+         RETURNING id",
+    )
+    .await;
+    let child =
+        |status: &'static str, parent: i64| {
+            let sql =
+                format!(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, parent_id,
+                                       children_pending, result)
+             VALUES ('Fanout', 1, 'part', '{{}}', 'fanout', '{status}', {parent},
+                     {pending}, {result})
+             RETURNING id",
+            pending = i32::from(status == "awaiting_children"),
+            result = if status == "done" { "'{\"part\": 1}'" } else { "NULL" },
+        );
+            async move { insert(pool, &sql).await }
+        };
+    let child_done = child("done", parent).await;
+    let child_mid = child("awaiting_children", parent).await;
+    let grandchild = child("runnable", child_mid).await;
+    let old_version = insert(
+        pool,
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         VALUES ('Checkout', 1, 'reserve', '{}', 'checkout') RETURNING id",
+    )
+    .await;
+    sqlx::query("ANALYZE gd_instances")
+        .execute(pool)
+        .await
+        .unwrap();
+    Seeded {
+        runnable,
+        executing,
+        parked,
+        failed,
+        parent,
+        child_done,
+        child_mid,
+        grandchild,
+        old_version,
+    }
+}
+
+/// Every instance and signal as text, in id order: equal fingerprints, nothing changed.
+pub async fn fingerprint(pool: &PgPool) -> String {
+    sqlx::query_scalar(
+        "SELECT (SELECT string_agg(i::text, E'\\n' ORDER BY id) FROM gd_instances i)
+                || E'\\n--\\n' ||
+                coalesce((SELECT string_agg(s::text, E'\\n' ORDER BY id) FROM gd_signals s), '')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// (status, last_error) of one instance.
+pub async fn status_of(pool: &PgPool, id: i64) -> (String, Option<String>) {
+    sqlx::query_as("SELECT status::text, last_error FROM gd_instances WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
