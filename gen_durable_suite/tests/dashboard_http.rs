@@ -124,6 +124,13 @@ async fn pages_answer_with_their_content() {
 
     let i = get(&app, &format!("/instances/{}", s.parked)).await;
     assert_eq!(i.status, StatusCode::OK);
+    assert!(
+        i.body
+            .contains("awaiting signal &quot;payment_confirmed&quot;")
+            || i.body.contains("awaiting signal \"payment_confirmed\""),
+        "the explain line: {}",
+        i.body
+    );
     for want in [
         "payment_confirmed",
         "address_changed",
@@ -372,5 +379,36 @@ async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
     )
     .await;
     assert_eq!(late.status, StatusCode::CONFLICT, "{}", late.body);
+    db.close().await;
+}
+
+/// `/metrics` serves the Prometheus exposition with the queue gauges read at the scrape,
+/// when the dashboard has a recorder; without one the route is not there.
+#[tokio::test]
+async fn metrics_are_served_when_the_dashboard_has_a_recorder() {
+    let db = TestDb::new().await;
+    seed(db.pool()).await;
+    let without = get(&router(db.pool().clone()), "/metrics").await;
+    assert_eq!(without.status, StatusCode::NOT_FOUND);
+
+    let handle = gen_durable::metrics::install_prometheus().unwrap();
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_metrics(handle),
+    );
+    let m = get(&app, "/metrics").await;
+    assert_eq!(m.status, StatusCode::OK);
+    let depth = m
+        .body
+        .lines()
+        .find(|l| l.starts_with("gen_durable_queue_depth{") && l.contains("status=\"runnable\""))
+        .unwrap_or_else(|| panic!("no runnable depth in:\n{}", m.body));
+    let value: f64 = depth.rsplit_once(' ').unwrap().1.parse().unwrap();
+    assert!(value >= 1.0, "{depth}");
+    assert!(
+        m.body.contains("gen_durable_queue_lag_seconds{"),
+        "{}",
+        m.body
+    );
     db.close().await;
 }

@@ -48,6 +48,12 @@ pub(crate) async fn run(
         "operator actions enabled"
     };
     eprintln!("gen_durable dashboard on http://{addr}/ ({mode}); Ctrl-C stops it");
+    // `/metrics` here has the queue gauges (no engine runs in this process: its step
+    // metrics are the engine process's to serve).
+    let config = match crate::metrics::install_prometheus() {
+        Ok(handle) => config.with_metrics(handle),
+        Err(_) => config,
+    };
     axum::serve(listener, router_with(pool.clone(), config))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

@@ -1,13 +1,13 @@
-//! The instance page's "explain" line: why an instance is where it is.
-//!
-//! `Client::explain(id) -> Result<Explanation>` (with a `Display`) is being built on
-//! another branch; once merged, this function returns its line, and the page shows it.
-//! Until then there is no line, and the page shows nothing in its place.
+//! The instance page's "explain" line: why an instance is where it is
+//! ([`crate::Client::explain`]'s `Display`).
 
 use sqlx::PgPool;
 
-/// One line saying why instance `id` is where it is, or `None` when none can be given.
+use crate::Client;
+
+/// One line saying why instance `id` is where it is, or `None` when it cannot be read
+/// (the row went away meanwhile, or the database failed: the page shows the rest).
 pub(crate) async fn explain_line(pool: &PgPool, id: i64) -> Option<String> {
-    let _ = (pool, id);
-    None
+    let explained = Client::new(pool.clone()).explain(id).await;
+    explained.ok().map(|e| e.to_string())
 }

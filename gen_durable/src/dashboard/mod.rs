@@ -34,6 +34,7 @@ mod fsms;
 mod instance;
 mod instances;
 mod layout;
+mod metrics;
 mod overview;
 
 use std::fmt;
@@ -49,6 +50,7 @@ pub use error::DashboardError;
 #[derive(Clone, Default)]
 pub struct DashboardConfig {
     operator_token: Option<String>,
+    metrics: Option<crate::metrics::PrometheusHandle>,
 }
 
 impl DashboardConfig {
@@ -65,6 +67,13 @@ impl DashboardConfig {
         self
     }
 
+    /// Serves `/metrics` from `handle` (see [`crate::metrics::install_prometheus`]): the
+    /// engine metrics this process records, and the queue gauges read at each scrape.
+    pub fn with_metrics(mut self, handle: crate::metrics::PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
     /// Whether actions are refused.
     pub fn is_read_only(&self) -> bool {
         self.operator_token.is_none()
@@ -78,6 +87,7 @@ impl fmt::Debug for DashboardConfig {
                 "operator_token",
                 &self.operator_token.as_ref().map(|_| "<redacted>"),
             )
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }
@@ -88,6 +98,8 @@ pub(crate) struct AppState {
     pub(crate) pool: PgPool,
     /// `None`: read-only.
     pub(crate) token: Option<Arc<str>>,
+    /// `None`: no `/metrics`.
+    pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
 }
 
 /// A read-only dashboard over `pool`: pages only, every action refused.
@@ -101,12 +113,14 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
     let state = AppState {
         pool,
         token: config.operator_token.map(Arc::from),
+        metrics: config.metrics,
     };
     Router::new()
         .route("/", get(overview::page))
         .route("/instances", get(instances::page))
         .route("/instances/{id}", get(instance::page))
         .route("/fsms", get(fsms::page))
+        .route("/metrics", get(metrics::scrape))
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))
         .merge(actions::routes(read_only))
