@@ -96,6 +96,9 @@ async fn pages_answer_with_their_content() {
         "fanout",
         "smtp maintenance",
         "node-a",
+        "nightly-report",
+        "0 2 * * *",
+        "Europe/Paris",
         "id=\"throughput\"",
     ] {
         assert!(o.body.contains(want), "overview lacks {want:?}");

@@ -1,6 +1,7 @@
 //! `/`: every queue's counts by status and lag, the throughput of the last 30 minutes,
-//! paused queues, expired leases and the nodes. The counts and nodes are `status`'s own
-//! statements (`store::pg::admin`); the chart and the pauses are the dashboard's.
+//! paused queues, expired leases, the periodic schedules and the nodes. The counts, the
+//! schedules and the nodes are `status`'s own statements (`store::pg::admin`); the chart
+//! and the pauses are the dashboard's.
 
 use std::collections::BTreeMap;
 
@@ -39,6 +40,7 @@ pub(crate) async fn page(
     let pauses = dashboard::pauses(pool).await?;
     let expired = admin::expired_leases(pool, Some(now)).await?;
     let nodes = admin::nodes(pool, Some(now)).await?;
+    let schedules = admin::schedules(pool).await?;
 
     let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
     for c in cells {
@@ -114,6 +116,33 @@ pub(crate) async fn page(
                         td.n { (e.count) }
                         td { (e.oldest_expiry.as_ref().map_or("-".into(), layout::time)) }
                         td { @for id in &e.ids { (layout::instance_link(*id)) " " } }
+                    }
+                }
+            }
+        }
+        @if !schedules.is_empty() {
+            h2 { "Schedules" }
+            table id="schedules" {
+                tr {
+                    th { "schedule" } th { "pattern" } th { "zone" } th { "catch-up" }
+                    th { "next fire" } th { "last fire" } th { "skipped" } th { "last error" }
+                }
+                @for s in &schedules {
+                    tr data-schedule=(s.name) {
+                        td { (s.name) }
+                        td { code { (s.pattern) } }
+                        td { (s.timezone) }
+                        td { (s.catch_up) }
+                        td { (s.next_fire.as_ref().map_or("never again".into(), layout::time)) }
+                        td {
+                            @match (s.last_fire, s.last_id) {
+                                (Some(t), Some(id)) => { (layout::time(&t)) " → " (layout::instance_link(id)) }
+                                (Some(t), None) => (layout::time(&t)),
+                                _ => "-",
+                            }
+                        }
+                        td.n { (s.skipped) }
+                        td { (s.last_error.as_deref().unwrap_or("-")) }
                     }
                 }
             }

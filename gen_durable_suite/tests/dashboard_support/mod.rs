@@ -41,6 +41,13 @@ pub async fn seed(pool: &PgPool) -> Seeded {
     .execute(pool)
     .await
     .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_schedules (name, pattern, timezone, catch_up, next_fire, skipped)
+         VALUES ('nightly-report', '0 2 * * *', 'Europe/Paris', 'run_once', now() + interval '1 day', 3)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
     sqlx::query("INSERT INTO gd_queue_pauses (queue, reason) VALUES ('mail', 'smtp maintenance')")
         .execute(pool)
         .await
