@@ -1,6 +1,6 @@
 //! Least privilege (docs/roles.sql): a migrator owns the schema, engines and clients run as
-//! a worker with rows only, the CLI's reads run as a reader — and the worker cannot drop,
-//! alter or truncate a table, nor end another role's session.
+//! a worker with rows only, the CLI's reads and the dashboard's pages run as a reader — and
+//! the worker cannot drop, alter or truncate a table, nor end another role's session.
 
 mod cli_support;
 
@@ -126,6 +126,22 @@ async fn refused(conn: &mut PgConnection, sql: &str) -> String {
     }
 }
 
+/// `GET path` on `addr` over HTTP/1.1: the status code and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, answer)
+}
+
 #[tokio::test]
 async fn engine_client_and_cli_run_under_least_privilege_roles() {
     let d = Deployment::create().await;
@@ -210,6 +226,28 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
     .expect(0)
     .json();
     assert_eq!(inspected["instance"]["status"], "awaiting_signal");
+
+    // The dashboard's pages as the reader (a read-only dashboard reads only).
+    let reader_pool = d.pool("reader").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = gen_durable::dashboard::router(reader_pool.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    for path in [
+        "/".to_string(),
+        "/instances".to_string(),
+        format!("/instances/{parked}"),
+        "/fsms".to_string(),
+    ] {
+        let (status, body) = http_get(addr, &path).await;
+        assert_eq!(status, 200, "{path} as the reader: {body}");
+    }
+    let (_, page) = http_get(addr, &format!("/instances/{parked}")).await;
+    assert!(
+        page.contains("awaiting signal"),
+        "the explain line as the reader: {page}"
+    );
+    server.abort();
 
     // What the worker may not do.
     let mut w = PgConnection::connect_with(&d.options("worker"))
