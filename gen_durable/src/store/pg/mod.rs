@@ -28,9 +28,9 @@
 pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod control;
-pub(crate) mod explain;
 #[cfg(feature = "dashboard")]
 pub(crate) mod dashboard;
+pub(crate) mod explain;
 pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod migration;
@@ -85,7 +85,7 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 11] = [
+    const SOURCES: [(&str, &str); 12] = [
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
         ("claim.rs", include_str!("claim.rs")),
