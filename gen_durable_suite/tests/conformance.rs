@@ -25,6 +25,8 @@ mod kit_only;
 mod migrations;
 #[path = "conformance/model.rs"]
 mod model;
+#[path = "conformance/operator.rs"]
+mod operator;
 #[path = "conformance/outcomes.rs"]
 mod outcomes;
 #[path = "conformance/scheduling.rs"]
@@ -137,6 +139,15 @@ conformance! {
     migrations::a_removed_step_is_mapped_to_its_replacement,
     migrations::a_node_without_the_new_version_runs_the_old_one,
     migrations::a_failed_migration_keeps_the_signal_that_woke_the_row,
+    operator::a_paused_queue_runs_nothing_until_resumed_and_other_queues_go_on,
+    operator::pausing_is_idempotent_and_keeps_the_first_reason,
+    operator::a_parked_instance_of_a_paused_queue_is_woken_and_runs_after_the_resume,
+    operator::restart_runs_a_done_instance_again_from_a_named_step,
+    operator::restart_moves_a_parked_instance_to_a_step_keeping_its_inbox,
+    operator::restart_refuses_an_unknown_step_or_instance_and_changes_nothing,
+    operator::restart_of_a_finished_child_rearms_a_waiting_parent_not_one_that_moved_on,
+    operator::restart_refuses_a_parent_with_live_children,
+    operator::restart_of_a_finished_instance_whose_key_is_held_is_a_duplicate,
 }
 
 #[test]
