@@ -312,6 +312,9 @@ SELECT i.fsm, i.fsm_version,
  WHERE i.id = $1
 "#;
 
+/// STEPS_OF's row: the FSM, its version, and the announced steps.
+type StepsOfRow = (String, i32, Option<sqlx::types::Json<Vec<String>>>);
+
 /// Instance `id`'s FSM, version and the steps a live node announces for them; `None` if
 /// there is no such instance.
 pub(crate) async fn steps_of<'e>(
@@ -319,12 +322,11 @@ pub(crate) async fn steps_of<'e>(
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<Option<(String, i32, Option<Vec<String>>)>> {
-    let row: Option<(String, i32, Option<sqlx::types::Json<Vec<String>>>)> =
-        sqlx::query_as(STEPS_OF)
-            .bind(id)
-            .bind(now)
-            .bind(super::admin::NODE_LIVE_WINDOW_MS)
-            .fetch_optional(db)
-            .await?;
+    let row: Option<StepsOfRow> = sqlx::query_as(STEPS_OF)
+        .bind(id)
+        .bind(now)
+        .bind(super::admin::NODE_LIVE_WINDOW_MS)
+        .fetch_optional(db)
+        .await?;
     Ok(row.map(|(f, v, s)| (f, v, s.map(|j| j.0))))
 }
