@@ -23,6 +23,13 @@ pub enum RestartFound {
     },
     /// Its unique key is held by another instance.
     KeyTaken,
+    /// Its FSM version changed (an instance migration) after its step was checked.
+    VersionChanged {
+        /// The version the step was checked against.
+        from: i32,
+        /// Its version now.
+        to: i32,
+    },
     /// Runnable now at the step.
     Restarted,
 }
@@ -63,6 +70,11 @@ impl RestartFound {
             }),
             RestartFound::KeyTaken => Err(Error::Duplicate {
                 key: format!("(the unique key of instance {id})"),
+            }),
+            RestartFound::VersionChanged { .. } => Err(Error::WrongStatus {
+                id,
+                status: "migrated".into(),
+                what: "an instance migration moved it to another FSM version while the step was checked: restart it again",
             }),
         }
     }
@@ -121,7 +133,8 @@ impl Client {
                 .ok_or(Error::NotFound { id })?;
         check_restart_step(self.registry(), &fsm, version, step, announced)?;
         let mut tx = self.pool().begin().await?;
-        let found = pg::control::restart(self.pooler().on(&mut *tx), id, step, now).await?;
+        let conn = self.pooler().on(&mut *tx);
+        let found = pg::control::restart(conn, id, step, version, now).await?;
         tx.commit().await?;
         crate::wait::wake(id);
         found.answer(id)

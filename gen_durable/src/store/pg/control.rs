@@ -155,8 +155,10 @@ pub(crate) async fn cancel_many(
 /// awaits one again — its inbox went with the failure — unless one is in; else it is
 /// runnable.
 ///
-/// A restart (`$3` the step) takes any instance that is not executing and has no live
-/// children — failed, done, runnable or parked — and makes it runnable now at step `$3`:
+/// A restart (`$3` the step) takes any instance that is not executing, has no live
+/// children and is still at the FSM version `$4` its step was checked against (a bulk
+/// instance migration may have moved it since) — failed, done, runnable or parked — and
+/// makes it runnable now at step `$3`:
 /// attempt 0, nothing awaited, no deadline, no result; its inbox, kept while it lived, is
 /// there for the step to read.
 ///
@@ -170,20 +172,21 @@ pub(crate) async fn cancel_many(
 /// status, its live children, whether it was taken; the queues woken.
 pub(super) const RETRY: &str = r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
-    SELECT i.id, i.status, i.parent_id FROM gd_instances i
+    SELECT i.id, i.status, i.parent_id, i.fsm_version FROM gd_instances i
      WHERE i.id = ANY ($1)
         OR i.id IN (SELECT parent_id FROM gd_instances WHERE id = ANY ($1))
      ORDER BY i.id
        FOR NO KEY UPDATE OF i
 ), target AS (
-    SELECT l.id, l.status, l.parent_id,
+    SELECT l.id, l.status, l.parent_id, l.fsm_version,
            (SELECT count(*)::int FROM gd_instances c
              WHERE c.parent_id = l.id AND c.status NOT IN ('done', 'failed')) AS live
       FROM locked l WHERE l.id = ANY ($1)
 ), judged AS MATERIALIZED (
     SELECT t.*, p.status AS parent_status,
            (CASE WHEN $3::text IS NULL THEN t.status = 'failed'
-                 ELSE t.status <> 'executing' AND t.live = 0 END)
+                 ELSE t.status <> 'executing' AND t.live = 0
+                      AND t.fsm_version = coalesce($4::int4, t.fsm_version) END)
            AND (t.status NOT IN ('done', 'failed')
                 OR coalesce(p.status = 'awaiting_children', true)) AS go
       FROM target t LEFT JOIN locked p ON p.id = t.parent_id
@@ -215,7 +218,7 @@ WITH locked AS MATERIALIZED (
      WHERE p.id = r.parent_id
 )
 SELECT j.id, j.status::text AS status, j.parent_id, j.parent_status::text AS parent_status,
-       j.live, j.go,
+       j.live, j.go, j.fsm_version,
        (SELECT count(pg_notify('gd_wake', q.queue))
           FROM (SELECT DISTINCT queue FROM retried WHERE status = 'runnable') q) AS woke
   FROM judged j
@@ -234,6 +237,8 @@ pub(crate) struct Rerun {
     pub(crate) live: i32,
     /// Retried (or restarted).
     pub(crate) go: bool,
+    /// Its FSM version when locked.
+    pub(crate) fsm_version: i32,
 }
 
 /// What one RETRY statement found: a row per instance found, or `KeyTaken` when one of
@@ -245,17 +250,19 @@ pub(crate) enum Reruns {
     KeyTaken,
 }
 
-/// Retries (`step` `None`) or restarts at `step` instances `ids` in one statement.
+/// Retries (`step` `None`) or restarts at `step` (checked against FSM version
+/// `version`) instances `ids` in one statement.
 pub(crate) async fn rerun(
     mut conn: On<&mut PgConnection>,
     ids: &[i64],
-    step: Option<&str>,
+    step: Option<(&str, i32)>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Reruns> {
     let found = sqlx::query_as::<_, Rerun>(RETRY)
         .bind(ids)
         .bind(now)
-        .bind(step)
+        .bind(step.map(|(s, _)| s))
+        .bind(step.map(|(_, v)| v))
         .fetch_all(conn.again())
         .await;
     match found {
@@ -282,20 +289,29 @@ pub(crate) async fn retry(
     })
 }
 
-/// Restarts instance `id` at `step` (checked by the caller).
+/// Restarts instance `id` at `step`, checked by the caller against FSM version `version`.
 pub(crate) async fn restart(
     conn: On<&mut PgConnection>,
     id: i64,
     step: &str,
+    version: i32,
     now: Option<DateTime<Utc>>,
 ) -> Result<RestartFound> {
-    Ok(match rerun(conn, &[id], Some(step), now).await? {
-        Reruns::KeyTaken => RestartFound::KeyTaken,
-        Reruns::Found(rows) => match rows.first() {
-            None => RestartFound::NotFound,
-            Some(r) => RestartFound::of(r.status, r.go, r.live, r.parent_id.zip(r.parent_status)),
+    Ok(
+        match rerun(conn, &[id], Some((step, version)), now).await? {
+            Reruns::KeyTaken => RestartFound::KeyTaken,
+            Reruns::Found(rows) => match rows.first() {
+                None => RestartFound::NotFound,
+                Some(r) if r.fsm_version != version && !r.go => RestartFound::VersionChanged {
+                    from: version,
+                    to: r.fsm_version,
+                },
+                Some(r) => {
+                    RestartFound::of(r.status, r.go, r.live, r.parent_id.zip(r.parent_status))
+                }
+            },
         },
-    })
+    )
 }
 
 /// What a restart checks its step against: the instance's FSM and version, and the step
@@ -329,4 +345,45 @@ pub(crate) async fn steps_of<'e>(
         .fetch_optional(db)
         .await?;
     Ok(row.map(|(f, v, s)| (f, v, s.map(|j| j.0))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pooler::Pooler;
+    use gen_durable_testkit::TestDb;
+
+    /// A restart checked against one version does not move a row an instance migration
+    /// moved to another meanwhile: that step may not exist there.
+    #[tokio::test]
+    async fn a_restart_checked_against_an_older_version_changes_nothing() {
+        let db = TestDb::new().await;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status)
+             VALUES ('F', 2, 'b', '{}', 'q', 'done') RETURNING id",
+        )
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        let mut conn = db.pool().acquire().await.unwrap();
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None)
+            .await
+            .unwrap();
+        assert_eq!(found, RestartFound::VersionChanged { from: 1, to: 2 });
+        let (status, step): (String, String) =
+            sqlx::query_as("SELECT status::text, step FROM gd_instances WHERE id = $1")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        assert_eq!((status.as_str(), step.as_str()), ("done", "b"));
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None)
+            .await
+            .unwrap();
+        assert_eq!(found, RestartFound::Restarted);
+        tx.rollback().await.unwrap();
+        drop(conn);
+        db.close().await;
+    }
 }

@@ -61,7 +61,7 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
         ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
         ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
-        ("retry", "int8[], timestamptz, text", control::RETRY),
+        ("retry", "int8[], timestamptz, text, int4", control::RETRY),
         ("heartbeat", "int8[], int8[], int8, timestamptz, text", lease::HEARTBEAT),
         ("cancel_tree", "int8[]", control::CANCEL_TREE),
         ("cancel_apply", "int8[], timestamptz", control::CANCEL_APPLY),
