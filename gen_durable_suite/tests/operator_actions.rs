@@ -17,6 +17,18 @@ test_fsm!(Quick, state = Count, queue = "c", version = 1, {
     Run => "run" |_ctx| { Ok(Step::done(json!("ran"))) },
 });
 
+/// Released by the test: a step that is running while its queue is paused.
+static RELEASE: std::sync::LazyLock<tokio::sync::Semaphore> =
+    std::sync::LazyLock::new(|| tokio::sync::Semaphore::new(0));
+
+test_fsm!(Held, state = Count, queue = "c", version = 1, {
+    Run => "run" |_ctx| {
+        RELEASE.acquire().await.expect("semaphore open").forget();
+        Ok(Step::next(Held::Then))
+    },
+    Then => "then" |_ctx| { Ok(Step::done(json!("then"))) },
+});
+
 test_fsm!(Other, state = Count, queue = "d", version = 1, {
     Run => "run" |_ctx| { Ok(Step::done(json!("other ran"))) },
 });
@@ -39,6 +51,7 @@ fn registry() -> Registry {
     r.register::<Other>();
     r.register::<Parked>();
     r.register::<Fans>();
+    r.register::<Held>();
     r
 }
 
@@ -112,6 +125,46 @@ async fn a_paused_queue_is_skipped_by_a_running_engine_and_resume_wakes_it_at_on
     })
     .await;
     assert!(gd.paused_queues().await.unwrap().is_empty());
+    engine.shutdown(Duration::from_secs(10)).await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn a_step_running_when_its_queue_is_paused_commits_and_its_next_step_waits() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone()).with_registry(registry());
+    let events = Events::default();
+    let engine = engine(&db, &events).await;
+    let id = gd.insert::<Held>(Count::default()).await.unwrap();
+    eventually(10, "the step to be running", || async {
+        status(db.pool(), id).await == "executing"
+    })
+    .await;
+    gd.pause_queue("c", None).await.unwrap();
+    RELEASE.add_permits(1);
+    // Its outcome commits (runnable at `then`), and no node claims `then`.
+    eventually(10, "the running step's outcome", || async {
+        common::column(db.pool(), id, "step").await.as_deref() == Some("then")
+            && status(db.pool(), id).await == "runnable"
+    })
+    .await;
+    let picks = empty_picks_of(&events, "c");
+    let other = gd.insert::<Other>(Count::default()).await.unwrap();
+    let nudge = gd.insert::<Quick>(Count::default()).await.unwrap();
+    eventually(
+        10,
+        "a pick of the paused queue and the other queue's row",
+        || async {
+            empty_picks_of(&events, "c") > picks && status(db.pool(), other).await == "done"
+        },
+    )
+    .await;
+    assert_eq!(statuses(db.pool(), &[id, nudge]).await, ["runnable"; 2]);
+    gd.resume_queue("c").await.unwrap();
+    eventually(10, "the rest to run after the resume", || async {
+        statuses(db.pool(), &[id, nudge]).await == ["done"; 2]
+    })
+    .await;
     engine.shutdown(Duration::from_secs(10)).await;
     db.close().await;
 }
