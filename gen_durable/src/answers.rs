@@ -87,6 +87,18 @@ pub enum RetryFound {
 }
 
 impl RetryFound {
+    /// What a store found, from the instance's status, whether it was retried, and its
+    /// parent with the parent's status (if it has a stored parent).
+    pub fn of(status: Status, retried: bool, parent: Option<(i64, Status)>) -> Self {
+        match (status, parent) {
+            _ if retried => RetryFound::Retried,
+            (Status::Failed, Some((parent, status))) => {
+                RetryFound::ParentMovedOn { parent, status }
+            }
+            (st, _) => RetryFound::NotFailed(st),
+        }
+    }
+
     /// The caller's answer for instance `id`.
     pub fn answer(self, id: i64) -> Result<()> {
         match self {

@@ -121,7 +121,16 @@ pub enum Error {
         /// The step asked for.
         step: String,
         /// The FSM's stored step names.
-        known: Vec<&'static str>,
+        known: Vec<String>,
+    },
+    /// Neither this process's registry nor any live node knows the steps of this FSM
+    /// version, so a step given for it cannot be checked; nothing was written.
+    #[error("the steps of FSM {fsm:?} v{version} are unknown here: this process has not registered it and no live node announces it (start a node that runs it, or call this from a binary that registers it); nothing was written")]
+    UnknownSteps {
+        /// The FSM name.
+        fsm: String,
+        /// The FSM version.
+        version: i32,
     },
     /// A signal name must be 1 to 255 bytes long.
     #[error("signal name must be 1 to 255 bytes, got {len} bytes")]

@@ -82,6 +82,7 @@ mod kind;
 mod migrate;
 mod migrate_instances;
 mod notify;
+mod operator;
 mod options;
 mod pool;
 mod pooler;
@@ -136,6 +137,9 @@ pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
 pub use migrate::migrate;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
+#[doc(hidden)]
+pub use operator::{check_queue, check_restart_step, RestartFound};
+pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
 pub use registry::{FsmEntry, Registry};

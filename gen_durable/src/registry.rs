@@ -119,7 +119,7 @@ impl FsmEntry {
                 fsm: self.name.to_string(),
                 version: self.version,
                 step: step.to_string(),
-                known: self.steps.to_vec(),
+                known: self.steps.iter().map(|s| s.to_string()).collect(),
             })
         }
     }

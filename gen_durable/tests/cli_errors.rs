@@ -22,6 +22,9 @@ fn help_lists_every_command_and_the_exit_codes() {
         "retry",
         "gc",
         "migrate-instances",
+        "restart",
+        "pause",
+        "resume",
     ] {
         assert!(r.stdout.contains(cmd), "{cmd} missing from:\n{}", r.stdout);
     }
@@ -119,6 +122,7 @@ async fn not_migrated_then_migrate() {
     assert!(r.stdout.contains("0005 contention"), "{}", r.stdout);
     assert!(r.stdout.contains("0008 schedules"), "{}", r.stdout);
     assert!(r.stdout.contains("0009 queue pauses"), "{}", r.stdout);
+    assert!(r.stdout.contains("0010 node steps"), "{}", r.stdout);
     gd_on(&db, &["status"]).expect(0);
     db.close().await;
 }
@@ -143,6 +147,20 @@ async fn schema_older_than_the_cli() {
     let r = gd_on(&db2, &["status"]).expect(NOT_MIGRATED);
     assert!(r.stderr.contains("gd_schedules is missing"), "{}", r.stderr);
     db2.close().await;
+
+    // Migrated before nodes announced their steps: the column is named.
+    let db3 = TestDb::new().await;
+    sqlx::query("ALTER TABLE gd_nodes DROP COLUMN steps")
+        .execute(db3.pool())
+        .await
+        .unwrap();
+    let r = gd_on(&db3, &["status"]).expect(NOT_MIGRATED);
+    assert!(
+        r.stderr.contains("gd_nodes.steps is missing"),
+        "{}",
+        r.stderr
+    );
+    db3.close().await;
     db.close().await;
 }
 

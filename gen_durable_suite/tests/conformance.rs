@@ -27,6 +27,8 @@ mod kit_only;
 mod migrations;
 #[path = "conformance/model.rs"]
 mod model;
+#[path = "conformance/operator.rs"]
+mod operator;
 #[path = "conformance/outcomes.rs"]
 mod outcomes;
 #[path = "conformance/scheduling.rs"]
@@ -144,11 +146,21 @@ conformance! {
     explain::explain_executing_names_the_node_and_its_lease,
     explain::explain_awaiting_a_signal_names_it_the_deadline_and_the_unrelated_inbox,
     explain::explain_awaiting_children_lists_the_unfinished_ones,
+    explain::explain_paused_names_since_when_and_why,
     explain::explain_scheduled_names_the_time,
     explain::explain_backoff_names_the_attempt_and_the_time,
     explain::explain_partition_blocked_names_the_holder,
     explain::explain_runnable_counts_the_rows_ahead_in_pick_order,
     explain::explain_by_key_and_of_nothing,
+    operator::a_paused_queue_runs_nothing_until_resumed_and_other_queues_go_on,
+    operator::pausing_is_idempotent_and_keeps_the_first_reason,
+    operator::a_parked_instance_of_a_paused_queue_is_woken_and_runs_after_the_resume,
+    operator::restart_runs_a_done_instance_again_from_a_named_step,
+    operator::restart_moves_a_parked_instance_to_a_step_keeping_its_inbox,
+    operator::restart_refuses_an_unknown_step_or_instance_and_changes_nothing,
+    operator::restart_of_a_finished_child_rearms_a_waiting_parent_not_one_that_moved_on,
+    operator::restart_refuses_a_parent_with_live_children,
+    operator::restart_of_a_finished_instance_whose_key_is_held_is_a_duplicate,
 }
 
 #[test]

@@ -213,23 +213,33 @@ async fn a_read_only_dashboard_refuses_every_action_and_changes_nothing() {
     let before = fingerprint(db.pool()).await;
     let csrf = csrf_of(&app).await;
     let cookie = format!("gd_csrf={csrf}; gd_token=00");
+    let mut paths = Vec::new();
     for id in [s.runnable, s.parked, s.failed, s.parent, 999_999_999] {
-        for action in ["cancel", "retry", "signal"] {
-            let path = format!("/instances/{id}/{action}");
-            let form = format!("csrf={csrf}&name=payment_confirmed&payload=%7B%7D");
-            let tries = [
-                post(&path, None, ""),
-                post(&path, Some(&cookie), &form),
-                Request::post(&path)
-                    .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-                    .body(Body::empty())
-                    .unwrap(),
-            ];
-            for req in tries {
-                let a = send(&app, req).await;
-                assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}: {}", a.body);
-                assert!(a.body.contains("read-only"), "{}", a.body);
-            }
+        for action in ["cancel", "retry", "signal", "restart"] {
+            paths.push(format!("/instances/{id}/{action}"));
+        }
+    }
+    paths.extend([
+        "/queues/checkout/pause".to_string(),
+        "/queues/mail/resume".to_string(),
+        "/bulk".to_string(),
+    ]);
+    let form = format!(
+        "csrf={csrf}&name=payment_confirmed&payload=%7B%7D&step=ship&queue=checkout&action=cancel"
+    );
+    for path in &paths {
+        let tries = [
+            post(path, None, ""),
+            post(path, Some(&cookie), &form),
+            Request::post(path.as_str())
+                .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+                .body(Body::empty())
+                .unwrap(),
+        ];
+        for req in tries {
+            let a = send(&app, req).await;
+            assert_eq!(a.status, StatusCode::FORBIDDEN, "{path}: {}", a.body);
+            assert!(a.body.contains("read-only"), "{}", a.body);
         }
     }
     assert_eq!(get(&app, "/login").await.status, StatusCode::FORBIDDEN);
@@ -414,4 +424,147 @@ async fn metrics_are_served_when_the_dashboard_has_a_recorder() {
         m.body
     );
     db.close().await;
+}
+
+/// An operator restarts an instance from a named step, pauses and resumes a queue, and
+/// cancels every instance a filter matches after a preview that writes nothing.
+#[tokio::test]
+async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    // The step names a live node announces (the suite links no Checkout v2).
+    sqlx::query(r#"UPDATE gd_nodes SET steps = '{"Checkout@2": ["reserve", "ship"]}'"#)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN),
+    );
+    let csrf = csrf_of(&app).await;
+    let jar = format!("gd_csrf={csrf}");
+    // As an operator's script would: the token as a bearer, with the page's CSRF token.
+    let act = |path: String, form: String| {
+        let (app, jar) = (app.clone(), jar.clone());
+        async move {
+            let mut req = post(&path, Some(&jar), &form);
+            req.headers_mut().insert(
+                header::AUTHORIZATION,
+                format!("Bearer {TOKEN}").parse().unwrap(),
+            );
+            send(&app, req).await
+        }
+    };
+
+    // Restart: an unknown step is refused, a known one makes the failed row runnable there.
+    let bad = act(
+        format!("/instances/{}/restart", s.failed),
+        format!("csrf={csrf}&step=nope"),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::CONFLICT, "{}", bad.body);
+    let ok = act(
+        format!("/instances/{}/restart", s.failed),
+        format!("csrf={csrf}&step=ship"),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+    let (status, step): (String, String) =
+        sqlx::query_as("SELECT status::text, step FROM gd_instances WHERE id = $1")
+            .bind(s.failed)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), step.as_str()), ("runnable", "ship"));
+    let page = get_as(&app, &format!("/instances/{}", s.runnable), &jar).await;
+    assert!(
+        page.contains("id=\"restart\""),
+        "the restart form for an operator"
+    );
+
+    // Pause and resume.
+    let paused = act(
+        "/queues/checkout/pause".into(),
+        format!("csrf={csrf}&reason=deploy"),
+    )
+    .await;
+    assert_eq!(paused.status, StatusCode::SEE_OTHER, "{}", paused.body);
+    let pauses: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT queue, reason FROM gd_queue_pauses ORDER BY queue")
+            .fetch_all(db.pool())
+            .await
+            .unwrap();
+    assert!(
+        pauses.contains(&("checkout".into(), Some("deploy".into()))),
+        "{pauses:?}"
+    );
+    let overview = get_as(&app, "/", &jar).await;
+    assert!(
+        overview.contains("/queues/mail/resume"),
+        "a resume button for a paused queue"
+    );
+    let resumed = act("/queues/checkout/resume".into(), format!("csrf={csrf}")).await;
+    assert_eq!(resumed.status, StatusCode::SEE_OTHER);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM gd_queue_pauses WHERE queue = 'checkout'")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, 0);
+
+    // Bulk: the preview counts and writes nothing; the confirmation cancels.
+    // Live rows of the queue: an executing one is cancelled after its step.
+    let live = |statuses: &'static str| {
+        let pool = db.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&format!(
+                "SELECT count(*) FROM gd_instances WHERE queue = 'checkout' AND status::text IN ({statuses})"
+            ))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    const WAITING: &str = "'runnable', 'awaiting_signal', 'awaiting_children'";
+    let before = fingerprint(db.pool()).await;
+    let n = live("'executing', 'runnable', 'awaiting_signal', 'awaiting_children'").await;
+    assert!(
+        live(WAITING).await >= 2,
+        "the seed has waiting checkout rows"
+    );
+    let preview = act(
+        "/bulk".into(),
+        format!("csrf={csrf}&queue=checkout&fsm=&status=&action=cancel&preview=1"),
+    )
+    .await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
+    assert!(
+        preview.body.contains(&format!("{n} instance(s) match")),
+        "{}",
+        preview.body
+    );
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a preview writes nothing"
+    );
+    let done = act(
+        "/bulk".into(),
+        format!("csrf={csrf}&queue=checkout&fsm=&status=&action=cancel"),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(done.body.contains(&format!("{n} matched")), "{}", done.body);
+    assert_eq!(live(WAITING).await, 0);
+    db.close().await;
+}
+
+/// A page as a signed-in operator: its body.
+async fn get_as(app: &Router, path: &str, jar: &str) -> String {
+    let req = Request::get(path)
+        .header(header::COOKIE, jar)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    send(app, req).await.body
 }

@@ -146,3 +146,28 @@ async fn a_drain_that_never_settles_stops_with_a_typed_error() {
     assert!(e.to_string().contains("runaway loop"), "{e}");
     db.close().await;
 }
+
+#[tokio::test]
+async fn drain_leaves_a_paused_queue_and_runs_it_once_resumed() {
+    let db = TestDb::new().await;
+    let pool = db.pool();
+    let gd = Client::new(pool.clone()).with_registry(registry());
+    let id = gd
+        .insert::<Leaf>(Count { n: 4, log: vec![] })
+        .await
+        .unwrap();
+    assert!(gd.pause_queue("d", Some("test")).await.unwrap());
+    let tally = drain(pool).with_registry(registry()).await.unwrap();
+    assert_eq!(tally.steps, 0, "the paused queue's row does not run");
+    let i = Instance::load(pool, id).await.unwrap().unwrap();
+    i.assert_status(Status::Runnable);
+    assert!(gd.resume_queue("d").await.unwrap());
+    let tally = drain(pool).with_registry(registry()).await.unwrap();
+    assert_eq!(tally.done, 1);
+    Instance::load(pool, id)
+        .await
+        .unwrap()
+        .unwrap()
+        .assert_done(json!(40));
+    db.close().await;
+}

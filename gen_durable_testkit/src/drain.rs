@@ -18,8 +18,9 @@ pub const DEFAULT_DRAIN_STEPS: usize = 1_000;
 
 /// Starts a drain of `pool`'s database: every runnable row of the FSMs linked into the
 /// test binary (or those of `.with_registry(..)`), on every queue they use (or those of
-/// `.queue(..)`), runs until none is runnable, children and timeouts included. `.await`
-/// it: the committed outcomes by kind.
+/// `.queue(..)`), runs until none is runnable, children and timeouts included — except on
+/// a queue an operator paused (`Client::pause_queue`), whose rows no node claims, as in
+/// production. `.await` it: the committed outcomes by kind.
 ///
 /// It runs through the engine — the same claim, step runner and group commit as in
 /// production — started for the call and drained before it returns, with one step at a
@@ -189,8 +190,9 @@ impl Drain {
     }
 }
 
-/// Whether any row of these queues and FSMs is executing, runnable and due, or parked
-/// with its await timeout due.
+/// Whether any row of these queues and FSMs is executing, runnable and due (on a queue
+/// that is not paused: the engine claims nothing there), or parked with its await timeout
+/// due.
 ///
 /// "Due" is judged by `clock_timestamp()`, not `now()`: a commit's `eligible_at` is its
 /// own statement's start, which can be later than this statement's start although the
@@ -206,7 +208,8 @@ async fn busy<'c>(
            SELECT 1 FROM gd_instances
             WHERE queue = ANY ($1) AND fsm = ANY ($2)
               AND (status = 'executing'
-                   OR (status = 'runnable' AND eligible_at <= clock_timestamp())
+                   OR (status = 'runnable' AND eligible_at <= clock_timestamp()
+                       AND queue NOT IN (SELECT queue FROM gd_queue_pauses))
                    OR (status = 'awaiting_signal' AND await_deadline <= clock_timestamp())))",
     )
     .bind(queues)

@@ -8,7 +8,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions, Migration,
-    MigrationReport, OutcomeKind, Registry, Result, Schedule, Settled, Status, Target,
+    MigrationReport, OutcomeKind, QueuePause, Registry, Result, Schedule, Settled, Status, Target,
 };
 use gen_durable::{ExplainFacts, Explanation};
 use serde_json::Value;
@@ -310,6 +310,42 @@ impl TestKit {
         ready(self.store.retry(id, now).answer(id))
     }
 
+    /// Runs instance `id` again from step `step`, like `Client::restart`: an instance that
+    /// is failed, done, or live but not executing becomes runnable now at `step`, attempt
+    /// 0, nothing awaited. The step is checked against the kit's registry
+    /// (`UnknownStep`; `UnknownSteps` if the kit does not know the row's FSM version).
+    /// `NotFound`, `WrongStatus` with live children, `ParentMovedOn` for a finished child
+    /// whose parent went on, `Duplicate` if its unique key is held by another instance.
+    pub fn restart(&mut self, id: i64, step: &str) -> Ready<Result<()>> {
+        let now = self.now();
+        let checked = match self.store.row(id) {
+            None => Err(Error::NotFound { id }),
+            Some(r) => {
+                gen_durable::check_restart_step(&self.registry, &r.fsm, r.version, step, None)
+            }
+        };
+        ready(checked.and_then(|()| self.store.restart(id, step, now).answer(id)))
+    }
+
+    /// Pauses `queue`, like `Client::pause_queue`: `run_until_idle` runs none of its rows
+    /// until [`TestKit::resume_queue`]. True if it was not paused yet.
+    pub fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Ready<Result<bool>> {
+        let now = self.now();
+        ready(
+            gen_durable::check_queue(queue, reason).map(|()| self.store.pause(queue, reason, now)),
+        )
+    }
+
+    /// Resumes a paused `queue`, like `Client::resume_queue`. True if it was paused.
+    pub fn resume_queue(&mut self, queue: &str) -> Ready<Result<bool>> {
+        ready(gen_durable::check_queue(queue, None).map(|()| self.store.resume(queue)))
+    }
+
+    /// The paused queues, by name, like `Client::paused_queues`.
+    pub fn paused_queues(&self) -> Vec<QueuePause> {
+        self.store.paused()
+    }
+
     /// Starts a wait for an instance, named by id or by key, as `Client::wait` does; `.await`
     /// it. The kit answers at once from the in-memory row — no step runs meanwhile — so
     /// where the client would wait, the kit answers `Settled::Busy`.
@@ -340,8 +376,7 @@ impl TestKit {
     /// Why `to` (an id or a [`Key`](gen_durable::Key)) is not running, or what it is
     /// doing, as `Client::explain` answers — from the same facts, decided by the same
     /// code (`gen_durable::ExplainFacts`), with the same bounds. The kit knows every
-    /// reason but two: it has no queue pauses and no nodes (it runs every FSM it knows),
-    /// so it never answers [`Reason::QueuePaused`](gen_durable::Reason::QueuePaused),
+    /// reason but the nodes' (it runs every FSM it knows), so it never answers
     /// [`Reason::NoNodeForQueue`](gen_durable::Reason::NoNodeForQueue) or
     /// [`Reason::NoNodeForVersion`](gen_durable::Reason::NoNodeForVersion). A row is
     /// executing only between [`TestKit::claim`] and [`TestKit::lose_lease`]. `NotFound`
@@ -440,7 +475,8 @@ impl TestKit {
     }
 
     /// Runs every step that is due, one at a time in the pick's order, until nothing is
-    /// runnable at the current virtual time; returns what was committed. Await timeouts
+    /// runnable at the current virtual time (rows of a paused queue are not picked);
+    /// returns what was committed. Await timeouts
     /// that are due fire first. A claimed row of a version the kit migrates is moved first
     /// (see [`TestKit::migration`]; a failed migration is no step). Panics after
     /// `max_steps` steps, naming the instance that ran most, if a due instance belongs to

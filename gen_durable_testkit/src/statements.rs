@@ -32,7 +32,9 @@ use tracing::{Event, Metadata, Subscriber};
 ///   `release`: rows a draining worker gives back; `await_timeouts`: await deadlines
 ///   (and the next one); `announce`: a node's announce and forget; `collect`: the
 ///   collector's (and the CLI's `gc`) delete of terminal rows;
-/// - `cancel`: the statements of a cancel; `retry`: a retry;
+/// - `cancel`: the statements of a cancel (of one instance or a batch); `retry`: a retry
+///   or a restart at a named step (and the restart's read of the steps); `pause`: pausing,
+///   resuming and listing paused queues;
 /// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
 ///   does not log it); `admin`: the CLI's reads (status, inspect, schema state);
 /// - `explain`: `Client::explain`'s read of one instance and its evidence.
@@ -60,6 +62,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "migrate",
     "explain",
     "dashboard",
+    "pause",
 ];
 
 /// The kind of a statement, from the marker comment every statement of gen_durable starts

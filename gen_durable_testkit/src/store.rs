@@ -10,8 +10,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
 use gen_durable::{
-    CancelFound, ChildInfo, DeliveryFound, OutcomeKind, Registry, RetryFound, Signal, Status,
-    Target, WaitRow,
+    CancelFound, ChildInfo, DeliveryFound, OutcomeKind, QueuePause, Registry, RestartFound,
+    RetryFound, Signal, Status, Target, WaitRow,
 };
 use serde_json::Value;
 
@@ -96,6 +96,8 @@ pub(crate) struct Store {
     signals: BTreeMap<i64, StoredSignal>,
     last_id: i64,
     last_signal: i64,
+    /// `gd_queue_pauses`: the paused queues, by name.
+    paused: BTreeMap<String, QueuePause>,
 }
 
 /// Whether the kit claims rows of `(fsm, version)`: the pick's filter of the engine
@@ -331,13 +333,14 @@ impl Store {
             .map(|r| r.id)
     }
 
-    /// CLAIM, one row at a time: the first runnable, eligible row of an `(fsm, version)`
-    /// this kit runs or migrates (see `runs`) by `(priority, eligible_at, id)` whose
-    /// partition has no executing row.
+    /// CLAIM, one row at a time: the first runnable, eligible row of a queue that is not
+    /// paused, of an `(fsm, version)` this kit runs or migrates (see `runs`), by
+    /// `(priority, eligible_at, id)`, whose partition has no executing row.
     pub(crate) fn pick(&self, now: DateTime<Utc>, registry: &Registry) -> Option<i64> {
         self.rows
             .values()
             .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
+            .filter(|r| !self.paused.contains_key(&r.queue))
             .filter(|r| runs(registry, &r.fsm, r.version))
             .filter(|r| {
                 r.partition_key.as_ref().is_none_or(|k| {
@@ -629,5 +632,80 @@ impl Store {
             p.children_pending += 1;
         }
         RetryFound::Retried
+    }
+
+    /// PAUSE: true if `queue` was not paused; a paused queue keeps its first pause.
+    pub(crate) fn pause(&mut self, queue: &str, reason: Option<&str>, now: DateTime<Utc>) -> bool {
+        if self.paused.contains_key(queue) {
+            return false;
+        }
+        let pause = QueuePause {
+            queue: queue.to_string(),
+            paused_at: now,
+            reason: reason.map(str::to_string),
+        };
+        self.paused.insert(queue.to_string(), pause);
+        true
+    }
+
+    /// RESUME: true if `queue` was paused.
+    pub(crate) fn resume(&mut self, queue: &str) -> bool {
+        self.paused.remove(queue).is_some()
+    }
+
+    /// PAUSED: the paused queues, by name.
+    pub(crate) fn paused(&self) -> Vec<QueuePause> {
+        self.paused.values().cloned().collect()
+    }
+
+    /// RETRY with a step (a restart): an instance that is not executing and has no live
+    /// children becomes runnable now at `step` — attempt and reaps 0, nothing awaited, no
+    /// deadline, no result, inbox kept. A finished child is taken back only while its
+    /// parent awaits its children, and re-arms it. `KeyTaken` if it comes back into its
+    /// key's scope while another row holds the key.
+    pub(crate) fn restart(&mut self, id: i64, step: &str, now: DateTime<Utc>) -> RestartFound {
+        let Some(row) = self.rows.get(&id) else {
+            return RestartFound::NotFound;
+        };
+        if row.status == Status::Executing {
+            return RestartFound::Executing;
+        }
+        if self.children(id).any(|c| !c.status.is_terminal()) {
+            return RestartFound::LiveChildren(row.status);
+        }
+        let finished = row.status.is_terminal();
+        let rearm = match row.parent_id.and_then(|p| self.rows.get(&p)) {
+            Some(p) if finished && p.status != Status::AwaitingChildren => {
+                return RestartFound::ParentMovedOn {
+                    parent: p.id,
+                    status: p.status,
+                }
+            }
+            Some(p) if finished => Some(p.id),
+            _ => None,
+        };
+        if let Some(key) = guard(&row.unique_key, &row.unique_scope, Status::Runnable) {
+            if self
+                .rows
+                .values()
+                .any(|r| r.id != id && r.guard() == Some(key))
+            {
+                return RestartFound::KeyTaken;
+            }
+        }
+        let row = self.rows.get_mut(&id).expect("checked above");
+        row.step = step.to_string();
+        row.status = Status::Runnable;
+        row.attempt = 0;
+        row.reaps = 0;
+        row.awaits.clear();
+        row.await_deadline = None;
+        row.result = None;
+        row.children_pending = 0;
+        row.eligible_at = now;
+        if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {
+            p.children_pending += 1;
+        }
+        RestartFound::Restarted
     }
 }

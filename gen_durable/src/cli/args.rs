@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+
+use crate::Status;
 
 /// Operate a gen_durable database: migrate it, see what its queues are doing, look
 /// into one instance, and act on it.
@@ -66,15 +68,47 @@ pub(crate) enum Command {
         dedup_key: Option<String>,
     },
     /// Fail a live instance with "cancelled", and its live children with it (a running
-    /// instance fails after its current step).
+    /// instance fails after its current step): `cancel ID`, or every live instance a
+    /// filter matches, `cancel --queue Q --fsm F [--older-than 1h] [--dry-run]`.
     Cancel {
-        /// The instance id.
-        id: i64,
+        /// The instance id (or give a filter instead).
+        #[arg(required_unless_present_any = ["queue", "fsm"], conflicts_with_all = ["queue", "fsm", "dry_run"])]
+        id: Option<i64>,
+        #[command(flatten)]
+        filter: FilterArgs,
     },
-    /// Make a failed instance runnable again at the step it failed in, attempt 0.
+    /// Make a failed instance runnable again at the step it failed in, attempt 0:
+    /// `retry ID`, or every failed instance a filter matches, `retry --fsm F [--dry-run]`.
     Retry {
+        /// The instance id (or give a filter instead).
+        #[arg(required_unless_present_any = ["queue", "fsm"], conflicts_with_all = ["queue", "fsm", "dry_run"])]
+        id: Option<i64>,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// Run an instance again from a named step (failed, done, or live but not executing):
+    /// runnable now, attempt 0, nothing awaited.
+    Restart {
         /// The instance id.
         id: i64,
+        /// The step to run it from (checked against the FSM version's steps, as live
+        /// nodes announce them).
+        #[arg(long)]
+        step: String,
+    },
+    /// Pause a queue on every node: no node claims its rows until `resume` (rows
+    /// already claimed finish their step).
+    Pause {
+        /// The queue.
+        queue: String,
+        /// Why, shown by `status`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused queue; its nodes pick at once.
+    Resume {
+        /// The queue.
+        queue: String,
     },
     /// Move the live, not executing instances of an FSM to a later version with the
     /// instance migrations linked into this binary (run it from your own binary that calls
@@ -113,6 +147,55 @@ pub(crate) enum Command {
         #[arg(long, default_value = "7d", value_parser = parse_age)]
         older_than: Duration,
     },
+}
+
+/// A bulk action's filter: which instances `cancel` / `retry` take without an ID.
+#[derive(Debug, Args)]
+pub(crate) struct FilterArgs {
+    /// Only instances of this queue.
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Only instances of this FSM (its stored name).
+    #[arg(long)]
+    pub(crate) fsm: Option<String>,
+    /// Only this version of the FSM (with --fsm).
+    #[arg(long, requires = "fsm")]
+    pub(crate) version: Option<i32>,
+    /// Only instances in this status (repeatable; default: every status the command
+    /// takes: the live ones for cancel, failed for retry).
+    #[arg(long = "status", value_name = "STATUS", value_parser = parse_status)]
+    pub(crate) statuses: Vec<Status>,
+    /// Only instances last updated longer ago than this age (7d, 12h, 30m, 45s).
+    #[arg(long, value_parser = parse_age)]
+    pub(crate) older_than: Option<Duration>,
+    /// Only instances whose correlation key starts with this.
+    #[arg(long)]
+    pub(crate) key_prefix: Option<String>,
+    /// Count the instances the filter matches; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+impl FilterArgs {
+    /// The library's filter.
+    pub(crate) fn filter(&self) -> crate::Filter {
+        crate::Filter {
+            queue: self.queue.clone(),
+            fsm: self.fsm.clone(),
+            version: self.version,
+            statuses: self.statuses.clone(),
+            older_than: self.older_than,
+            key_prefix: self.key_prefix.clone(),
+            ..crate::Filter::default()
+        }
+    }
+}
+
+fn parse_status(s: &str) -> Result<Status, String> {
+    s.parse().map_err(|_| {
+        let all: Vec<&str> = Status::ALL.iter().map(|s| s.as_str()).collect();
+        format!("{s:?} is not a status (one of: {})", all.join(", "))
+    })
 }
 
 /// Parses `7d`, `12h`, `30m`, `45s`: a whole number and one unit.

@@ -85,9 +85,15 @@ pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
             "this database has no gen_durable schema (table gd_instances is missing)",
         ));
     }
-    if let Some(table) = s.missing {
+    if let Some(missing) = s.missing {
+        // `table` or `table.column`.
+        let what = if missing.contains('.') {
+            "column"
+        } else {
+            "table"
+        };
         return Err(CliError::not_migrated(&format!(
-            "this database's gen_durable schema is older than this CLI (table {table} is missing)"
+            "this database's gen_durable schema is older than this CLI ({what} {missing} is missing)"
         )));
     }
     Ok(())

@@ -128,9 +128,16 @@ impl From<Error> for CliError {
             Error::Duplicate { .. } => CliError::new(Kind::Conflict, message).hint(
                 "another live instance holds its unique key; cancel or finish that one first",
             ),
-            Error::InvalidSignalName { .. } | Error::PayloadTooLarge { .. } => {
-                CliError::new(Kind::Usage, message)
-            }
+            Error::InvalidSignalName { .. }
+            | Error::PayloadTooLarge { .. }
+            | Error::InvalidInput { .. }
+            | Error::UnknownStep { .. } => CliError::new(Kind::Usage, message),
+            Error::UnknownSteps { .. } => CliError::new(Kind::Usage, message).hint(
+                "a node announces the steps of the FSM versions it runs: start one that runs \
+                 this version, or run `restart` from your own binary (whose `main` calls \
+                 `gen_durable::cli::main()`) that registers it",
+            ),
+            Error::ParentMovedOn { .. } => CliError::new(Kind::Conflict, message),
             Error::Database(sqlx::Error::Database(ref db))
                 if db.code().as_deref() == Some(UNDEFINED_TABLE) =>
             {

@@ -15,6 +15,7 @@ mod error;
 mod explain;
 mod inspect;
 mod migrate_instances;
+mod operator;
 mod status;
 pub(crate) mod table;
 
@@ -35,7 +36,7 @@ Exit codes:
   3  no database URL, a malformed one, or the server cannot be reached or logged into
   4  the database is not migrated: run `gen_durable migrate`
   5  no instance with this id
-  6  the instance's status does not allow it (finished, not failed, unique key taken)";
+  6  the instance's status does not allow it (finished, not failed, executing, unique key taken)";
 
 /// What a command reports: the same facts for people and for scripts.
 #[derive(Debug)]
@@ -132,8 +133,17 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
             let (target, name, payload) = signal.expect("checked above");
             actions::signal(&pool, target, &name, &payload, dedup_key.as_deref()).await
         }
-        Command::Cancel { id } => actions::cancel(&pool, id).await,
-        Command::Retry { id } => actions::retry(&pool, id).await,
+        Command::Cancel { id: Some(id), .. } => actions::cancel(&pool, id).await,
+        Command::Cancel { id: None, filter } => {
+            operator::cancel_where(&pool, &filter.filter(), filter.dry_run).await
+        }
+        Command::Retry { id: Some(id), .. } => actions::retry(&pool, id).await,
+        Command::Retry { id: None, filter } => {
+            operator::retry_where(&pool, &filter.filter(), filter.dry_run).await
+        }
+        Command::Restart { id, step } => operator::restart(&pool, id, &step).await,
+        Command::Pause { queue, reason } => operator::pause(&pool, &queue, reason.as_deref()).await,
+        Command::Resume { queue } => operator::resume(&pool, &queue).await,
         #[cfg(feature = "dashboard")]
         Command::Dashboard { listen, .. } => {
             let config = dashboard_config.expect("read above");

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use super::table::{self, Table};
 use super::{CliError, Output};
-use crate::store::pg::admin;
+use crate::store::pg::{admin, pause};
 use crate::Status;
 
 #[derive(Debug, Default)]
@@ -32,6 +32,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
     let expired = admin::expired_leases(&mut *tx, Some(now)).await?;
     let nodes = admin::nodes(&mut *tx, Some(now)).await?;
     let schedules = admin::schedules(&mut *tx).await?;
+    let paused = pause::paused(&mut *tx).await?;
     tx.commit().await?;
 
     let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
@@ -63,6 +64,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         "nodes": nodes,
         "live_window_seconds": window,
         "schedules": schedules,
+        "paused_queues": paused,
     });
 
     let mut text = String::new();
@@ -93,6 +95,22 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
             "(ready: runnable now; lag: how long the oldest ready row has waited; \
              keyed: rows holding their correlation key)\n",
         );
+    }
+
+    text.push_str("\npaused queues:\n");
+    if paused.is_empty() {
+        text.push_str("  none\n");
+    } else {
+        let mut t = Table::new(["queue", "paused at", "reason"]);
+        for p in &paused {
+            t.row(vec![
+                p.queue.clone(),
+                table::time(&p.paused_at),
+                p.reason.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        text.push_str(&t.render());
+        text.push_str("(no node claims their rows: `gen_durable resume QUEUE`)\n");
     }
 
     let _ = writeln!(

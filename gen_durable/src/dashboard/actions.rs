@@ -3,9 +3,8 @@
 //! `cancel`, `retry` and `signal`. On a read-only dashboard every route answers 403
 //! before touching the database.
 //!
-//! Restart-from-step, bulk actions and pause/resume are being built on another branch:
-//! each adds its `Client` call as one more handler here, its route in [`routes`], and its
-//! form in `instance::actions` (or on the overview, for pause/resume).
+//! Restart from a step, pause/resume and the bulk actions are in `operator`; their
+//! routes are here with the others, so a read-only dashboard refuses them alike.
 
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
@@ -18,6 +17,7 @@ use serde_json::Value;
 
 use super::auth::authorize;
 use super::error::DashboardError;
+use super::operator;
 use super::AppState;
 use crate::Client;
 
@@ -33,13 +33,21 @@ pub(crate) fn routes(read_only: bool) -> Router<AppState> {
         .route(ACTION_PATHS[0], post(cancel))
         .route(ACTION_PATHS[1], post(retry))
         .route(ACTION_PATHS[2], post(signal))
+        .route(ACTION_PATHS[3], post(operator::restart))
+        .route(ACTION_PATHS[4], post(operator::pause))
+        .route(ACTION_PATHS[5], post(operator::resume))
+        .route(ACTION_PATHS[6], post(operator::bulk))
 }
 
 /// The action routes, in `routes`' order.
-pub(crate) const ACTION_PATHS: [&str; 3] = [
+pub(crate) const ACTION_PATHS: [&str; 7] = [
     "/instances/{id}/cancel",
     "/instances/{id}/retry",
     "/instances/{id}/signal",
+    "/instances/{id}/restart",
+    "/queues/{queue}/pause",
+    "/queues/{queue}/resume",
+    "/bulk",
 ];
 
 async fn refuse() -> DashboardError {
@@ -66,9 +74,14 @@ pub(crate) struct SignalForm {
     dedup_key: String,
 }
 
-fn back_to(id: i64, did: &str) -> Response {
+pub(crate) fn back_to(id: i64, did: &str) -> Response {
+    redirect(&format!("/instances/{id}?did={did}"))
+}
+
+/// A 303 to `to`.
+pub(crate) fn redirect(to: &str) -> Response {
     let mut res = StatusCode::SEE_OTHER.into_response();
-    if let Ok(v) = HeaderValue::from_str(&format!("/instances/{id}?did={did}")) {
+    if let Ok(v) = HeaderValue::from_str(to) {
         res.headers_mut().insert(LOCATION, v);
     }
     res
@@ -76,7 +89,7 @@ fn back_to(id: i64, did: &str) -> Response {
 
 /// The engine's answer to an action: its refusals (unknown or finished instance, a bad
 /// signal) are the operator's to read, not server failures.
-fn refused(e: crate::Error) -> DashboardError {
+pub(crate) fn refused(e: crate::Error) -> DashboardError {
     match e {
         crate::Error::NotFound { id } => DashboardError::NotFound(id),
         crate::Error::Database(_) => DashboardError::Database(e),

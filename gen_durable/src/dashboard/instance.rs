@@ -236,6 +236,13 @@ fn actions(id: i64, status: &str, live: bool, csrf: &Csrf) -> Markup {
                     button type="submit" id="retry" { "Retry" }
                 }
             }
+            @if status != "executing" {
+                form method="post" action=(format!("/instances/{id}/restart")) {
+                    input type="hidden" name="csrf" value=(csrf.0);
+                    input name="step" placeholder="step name" required;
+                    button type="submit" id="restart" { "Restart from step" }
+                }
+            }
         }
     }
 }

@@ -155,6 +155,18 @@ pub(crate) async fn page(
             button type="submit" { "Filter" }
             " " a href="/instances" { "clear" }
         }
+        @if operator && (params.queue.is_some() || params.fsm.is_some()) {
+            form.bulk method="post" action="/bulk" id="bulk" {
+                input type="hidden" name="csrf" value=(csrf.0);
+                input type="hidden" name="queue" value=(v(&params.queue));
+                input type="hidden" name="fsm" value=(v(&params.fsm));
+                input type="hidden" name="status" value=(filter.status.clone().unwrap_or_default());
+                "Every instance of this queue/FSM/status (key and times aside): "
+                select name="action" { option value="cancel" { "cancel" } option value="retry" { "retry (failed ones)" } }
+                " "
+                button type="submit" name="preview" value="1" id="bulk-preview" { "Preview (count)" }
+            }
+        }
         p.note {
             "Times are UTC. Newest first. "
             @if filter.key.is_none() {

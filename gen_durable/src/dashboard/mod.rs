@@ -35,6 +35,7 @@ mod instance;
 mod instances;
 mod layout;
 mod metrics;
+mod operator;
 mod overview;
 
 use std::fmt;

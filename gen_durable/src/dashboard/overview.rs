@@ -53,18 +53,28 @@ pub(crate) async fn page(
         }
     }
     let operator = auth::is_operator(&state, &headers);
+    let paused: std::collections::BTreeSet<&str> =
+        pauses.iter().map(|p| p.queue.as_str()).collect();
     let body = html! {
         h1 { "Overview" }
         p.note { "as of " (layout::time(&now)) }
         @if !pauses.is_empty() {
             h2 { "Paused queues" }
             table id="pauses" {
-                tr { th { "queue" } th { "paused" } th { "reason" } }
+                tr { th { "queue" } th { "paused" } th { "reason" } @if operator { th {} } }
                 @for p in &pauses {
                     tr {
                         td { (p.queue) }
                         td { (layout::time(&p.paused_at)) " (" (layout::ago(now, p.paused_at)) ")" }
                         td { (p.reason.as_deref().unwrap_or("-")) }
+                        @if operator {
+                            td {
+                                form method="post" action=(format!("/queues/{}/resume", urlencode(&p.queue))) {
+                                    input type="hidden" name="csrf" value=(csrf.0);
+                                    button type="submit" class="resume" { "Resume" }
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -78,6 +88,7 @@ pub(crate) async fn page(
                     th { "queue" }
                     @for s in Status::ALL { th { (s.as_str()) } }
                     th { "ready now" } th { "lag of the oldest ready" }
+                    @if operator { th {} }
                 }
                 @for (name, q) in &queues {
                     tr data-queue=(name) {
@@ -95,6 +106,17 @@ pub(crate) async fn page(
                             @match q.oldest_ready {
                                 Some(t) => (layout::span((now - t).num_milliseconds() as f64 / 1000.0)),
                                 None => "-",
+                            }
+                        }
+                        @if operator {
+                            td {
+                                @if paused.contains(name.as_str()) { "paused" } @else {
+                                    form method="post" class="pause" action=(format!("/queues/{}/pause", urlencode(name))) {
+                                        input type="hidden" name="csrf" value=(csrf.0);
+                                        input name="reason" placeholder="reason (optional)";
+                                        button type="submit" { "Pause" }
+                                    }
+                                }
                             }
                         }
                     }

@@ -247,6 +247,7 @@ impl EngineBuilder {
                     .cloned()
                     .zip(versions.iter().copied())
                     .collect(),
+                steps: crate::store::pg::admin::steps_by_tag(&registry),
                 queues: queues.iter().map(|(n, _)| n.clone()).collect(),
                 cfg: cfg.heartbeat.clone(),
                 db: db.clone(),

@@ -56,6 +56,8 @@ pub(crate) struct Heartbeat {
     /// What the node announces: its queues, and the `(name, version)` of its FSMs.
     pub(crate) queues: Vec<String>,
     pub(crate) fsms: Vec<(String, i32)>,
+    /// The step names of the versions it has registered, by `name@version`.
+    pub(crate) steps: serde_json::Value,
 }
 
 /// What one beat did.
@@ -103,6 +105,7 @@ impl Service for Heartbeat {
             &self.node_id,
             &self.queues,
             &self.fsms,
+            &self.steps,
             self.db.now(),
         )
         .await?;

@@ -144,6 +144,7 @@ async fn each_service_does_one_pass_and_emits_its_event() {
         claims: claims.clone(),
         queues: vec!["q".into()],
         fsms: vec![("F".into(), 1)],
+        steps: serde_json::json!({ "F@1": ["s"] }),
     };
     let beat = heartbeat.run_once().await.unwrap();
     assert_eq!((beat.held, beat.extended), (1, 1));

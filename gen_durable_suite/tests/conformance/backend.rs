@@ -90,6 +90,14 @@ pub trait Backend {
         -> Result<Settled>;
     async fn cancel(&mut self, id: i64) -> Result<Cancelled>;
     async fn retry(&mut self, id: i64) -> Result<()>;
+    /// `Client::restart` / `TestKit::restart`.
+    async fn restart(&mut self, id: i64, step: &str) -> Result<()>;
+    /// `pause_queue`: true if newly paused.
+    async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool>;
+    /// `resume_queue`: true if it was paused.
+    async fn resume_queue(&mut self, queue: &str) -> Result<bool>;
+    /// `paused_queues`: (queue, reason), by name.
+    async fn paused_queues(&mut self) -> Vec<(String, Option<String>)>;
     /// A worker claims runnable instance `id` and dies before committing; then one
     /// reaper pass (see `TestKit::lose_lease`).
     async fn lose_lease(&mut self, id: i64) -> Result<()>;
@@ -228,6 +236,19 @@ impl Backend for Kit {
     }
     async fn retry(&mut self, id: i64) -> Result<()> {
         self.kit.retry(id).await
+    }
+    async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
+        self.kit.restart(id, step).await
+    }
+    async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
+        self.kit.pause_queue(queue, reason).await
+    }
+    async fn resume_queue(&mut self, queue: &str) -> Result<bool> {
+        self.kit.resume_queue(queue).await
+    }
+    async fn paused_queues(&mut self) -> Vec<(String, Option<String>)> {
+        let paused = self.kit.paused_queues().into_iter();
+        paused.map(|p| (p.queue, p.reason)).collect()
     }
     async fn lose_lease(&mut self, id: i64) -> Result<()> {
         self.kit.lose_lease(id)
@@ -372,13 +393,14 @@ impl Pg {
         passed == names.len() as i64
     }
 
-    /// Nothing executing, nothing due: no runnable row eligible by the clock and no
-    /// parked row past its deadline.
+    /// Nothing executing, nothing due: no runnable row of a queue that is not paused
+    /// eligible by the clock, and no parked row past its deadline.
     async fn idle(&self) -> bool {
         sqlx::query_scalar(
             "SELECT NOT EXISTS (SELECT 1 FROM gd_instances
                                  WHERE status = 'executing'
-                                    OR (status = 'runnable' AND eligible_at <= $1)
+                                    OR (status = 'runnable' AND eligible_at <= $1
+                                        AND queue NOT IN (SELECT queue FROM gd_queue_pauses))
                                     OR (status = 'awaiting_signal' AND await_deadline <= $1))",
         )
         .bind(self.now())
@@ -450,6 +472,19 @@ impl Backend for Pg {
     }
     async fn retry(&mut self, id: i64) -> Result<()> {
         self.client.retry(id).await
+    }
+    async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
+        self.client.restart(id, step).await
+    }
+    async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
+        self.client.pause_queue(queue, reason).await
+    }
+    async fn resume_queue(&mut self, queue: &str) -> Result<bool> {
+        self.client.resume_queue(queue).await
+    }
+    async fn paused_queues(&mut self) -> Vec<(String, Option<String>)> {
+        let paused = self.client.paused_queues().await.expect("paused queues");
+        paused.into_iter().map(|p| (p.queue, p.reason)).collect()
     }
     async fn lose_lease(&mut self, id: i64) -> Result<()> {
         // Claimed by a node that dies at once: its lease has expired by the clock. Then

@@ -151,6 +151,37 @@ pub async fn explain_awaiting_children_lists_the_unfinished_ones<B: Backend>(b: 
     );
 }
 
+pub async fn explain_paused_names_since_when_and_why<B: Backend>(b: &mut B) {
+    let id = b
+        .insert::<Counter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let queue = b.explain(id).await.unwrap().queue;
+    assert!(b
+        .pause_queue(&queue, Some("smtp maintenance"))
+        .await
+        .unwrap());
+    b.advance(Duration::from_secs(120)).await;
+    let why = b.explain(id).await.unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::QueuePaused {
+            since: b.now() - Span::minutes(2),
+            why: Some("smtp maintenance".into()),
+        }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!(
+            "queue {queue:?} is paused since 2030-01-01 00:00:00 UTC (2 min ago): smtp maintenance"
+        )
+    );
+    // Resumed, it is runnable again.
+    assert!(b.resume_queue(&queue).await.unwrap());
+    let why = b.explain(id).await.unwrap();
+    assert!(matches!(why.reason, Reason::Runnable { .. }), "{why}");
+}
+
 pub async fn explain_scheduled_names_the_time<B: Backend>(b: &mut B) {
     let id = b
         .insert::<Counter>(

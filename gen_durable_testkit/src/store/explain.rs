@@ -2,8 +2,8 @@
 //! `EXPLAIN` of `gen_durable::store::pg::explain` reads them from the tables, bounds
 //! included; `gen_durable::ExplainFacts::explain` decides the reason for both.
 //!
-//! What the kit does not have, it does not report: no queue is paused (the kit has no
-//! pause), and there are no nodes (`nodes: None`): the kit runs every FSM it knows, so
+//! What the kit does not have, it does not report: there are no nodes (`nodes: None`):
+//! the kit runs every FSM it knows, so
 //! "no live node" is never its answer (a due row of an FSM it does not know makes
 //! `run_until_idle` panic instead). A row claimed by `TestKit::claim` is held by node
 //! [`KIT_NODE`], live, with a lease of [`KIT_LEASE`] from its claim.
@@ -109,7 +109,10 @@ impl Store {
             children_pending: r.children_pending,
             children_total: bounded(self.children(id).count()),
             waiting_on,
-            paused: None,
+            paused: self
+                .paused
+                .get(&r.queue)
+                .map(|p| (p.paused_at, p.reason.clone())),
             partition_key: r.partition_key.clone(),
             holder,
             nodes: None,

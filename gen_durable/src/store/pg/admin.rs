@@ -34,13 +34,16 @@ const EXPIRED_IDS_SHOWN: i32 = 10;
 
 /// Whether the schema is there. `to_regclass` answers NULL instead of failing when a
 /// table is missing, so the CLI can tell "not migrated" from any other error and say
-/// what to do. The tables later migrations added are checked apart: a database migrated
-/// by an older release has instances but not those tables yet.
+/// what to do. The tables (and columns) later migrations added are checked apart, the
+/// newest last: a database migrated by an older release has instances but not those yet.
 const SCHEMA_STATE: &str = r#"/* gd:admin */
 SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
        CASE WHEN to_regclass('gd_nodes') IS NULL THEN 'gd_nodes'
             WHEN to_regclass('gd_schedules') IS NULL THEN 'gd_schedules'
-            WHEN to_regclass('gd_queue_pauses') IS NULL THEN 'gd_queue_pauses' END AS missing,
+            WHEN to_regclass('gd_queue_pauses') IS NULL THEN 'gd_queue_pauses'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
+                              WHERE attrelid = to_regclass('gd_nodes') AND attname = 'steps'
+                                AND NOT attisdropped) THEN 'gd_nodes.steps' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 
@@ -394,10 +397,11 @@ WITH stale AS (
     DELETE FROM gd_nodes
      WHERE last_seen_at < coalesce($4, now()) - interval '1 day' AND node_id <> $1
 )
-INSERT INTO gd_nodes (node_id, queues, fsms, started_at, last_seen_at)
-VALUES ($1, $2, $3, coalesce($4, now()), coalesce($4, now()))
+INSERT INTO gd_nodes (node_id, queues, fsms, steps, started_at, last_seen_at)
+VALUES ($1, $2, $3, $5, coalesce($4, now()), coalesce($4, now()))
 ON CONFLICT (node_id) DO UPDATE
-   SET queues = EXCLUDED.queues, fsms = EXCLUDED.fsms, last_seen_at = EXCLUDED.last_seen_at
+   SET queues = EXCLUDED.queues, fsms = EXCLUDED.fsms, steps = EXCLUDED.steps,
+       last_seen_at = EXCLUDED.last_seen_at
 "#;
 
 /// How a node's `(fsm, version)` pair is stored in `gd_nodes.fsms`; `UNRUNNABLE`
@@ -407,13 +411,15 @@ pub(crate) fn fsm_tag(name: &str, version: i32) -> String {
 }
 
 /// Records that `node_id` is alive now, picks from `queues` and runs `fsms`
-/// (`(name, version)` pairs). Call it at start and at least every 20 s (see
+/// (`(name, version)` pairs), whose step names are `steps` (a JSON object by
+/// [`fsm_tag`], see [`steps_by_tag`]). Call it at start and at least every 20 s (see
 /// [`NODE_LIVE_WINDOW_MS`]).
 pub(crate) async fn announce<'e>(
     db: impl PgExecutor<'e>,
     node_id: &str,
     queues: &[String],
     fsms: &[(String, i32)],
+    steps: &Value,
     now: Option<DateTime<Utc>>,
 ) -> Result<()> {
     let tags: Vec<String> = fsms.iter().map(|(n, v)| fsm_tag(n, *v)).collect();
@@ -422,9 +428,20 @@ pub(crate) async fn announce<'e>(
         .bind(queues)
         .bind(tags)
         .bind(now)
+        .bind(steps)
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// The step names of every FSM version of `registry`, by [`fsm_tag`]: what a node
+/// announces in `gd_nodes.steps` for `Client::restart` to check a step against.
+pub(crate) fn steps_by_tag(registry: &crate::Registry) -> Value {
+    registry
+        .iter()
+        .map(|e| (fsm_tag(e.name, e.version), Value::from(e.steps.to_vec())))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// A node leaving on purpose (graceful shutdown) removes itself at once, instead of
@@ -467,7 +484,8 @@ mod tests {
         assert_eq!(unrun(t0).await.len(), 3, "no node yet");
 
         let fsms = [("Checkout".to_string(), 2)];
-        announce(p, "n1", &["checkout".into()], &fsms, Some(t0))
+        let steps = serde_json::json!({ "Checkout@2": ["reserve", "ship"] });
+        announce(p, "n1", &["checkout".into()], &fsms, &steps, Some(t0))
             .await
             .unwrap();
         // Only the row of a queue n1 picks *and* a version it runs is covered.
@@ -485,7 +503,7 @@ mod tests {
         assert!(!nodes(p, Some(later)).await.unwrap()[0].live);
 
         // A new announce keeps started_at and refreshes last_seen_at.
-        announce(p, "n1", &["checkout".into()], &fsms, Some(later))
+        announce(p, "n1", &["checkout".into()], &fsms, &steps, Some(later))
             .await
             .unwrap();
         let n = nodes(p, Some(later)).await.unwrap();
@@ -496,7 +514,9 @@ mod tests {
 
         // A node unseen for a day is deleted by anyone's announce.
         let next_day = later + Duration::days(1) + Duration::seconds(1);
-        announce(p, "n2", &[], &[], Some(next_day)).await.unwrap();
+        announce(p, "n2", &[], &[], &serde_json::json!({}), Some(next_day))
+            .await
+            .unwrap();
         let ids: Vec<String> = nodes(p, Some(next_day))
             .await
             .unwrap()

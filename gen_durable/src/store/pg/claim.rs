@@ -29,6 +29,10 @@ use crate::error::Result;
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
+/// - A queue an operator paused (`gd_queue_pauses`, `Client::pause_queue`) gives nothing.
+///   The `NOT EXISTS` does not reference `i`, so it is planned once per statement as an
+///   InitPlan (one primary-key probe) and a one-time filter above the pick's index scan:
+///   the scan is not even started for a paused queue, and is unchanged for any other.
 pub(super) const CLAIM: &str = r#"/* gd:claim */
 WITH picked AS MATERIALIZED (
     SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
@@ -36,6 +40,7 @@ WITH picked AS MATERIALIZED (
      WHERE i.queue = $1
        AND i.status = 'runnable'
        AND i.eligible_at <= coalesce($7, now())
+       AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
        AND NOT EXISTS (SELECT 1 FROM gd_instances e
                         WHERE e.partition_key = i.partition_key AND e.status = 'executing')
@@ -132,4 +137,76 @@ pub(crate) async fn claim<'e>(
         .bind(p.now)
         .fetch_all(db)
         .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gen_durable_testkit::TestDb;
+
+    /// The pause check is one probe per statement (an InitPlan under a one-time filter),
+    /// not a join: the pick stays an index scan of the pick index that stops at the batch,
+    /// and for a paused queue that scan never starts.
+    #[tokio::test]
+    async fn a_paused_queue_is_checked_once_and_the_pick_stays_an_index_scan() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::query(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             SELECT 'F', 1, 's', '{}', CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END
+               FROM generate_series(1, 20000) g",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE gd_instances")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let explain = format!(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+            CLAIM
+                .replace("$1", "'q'")
+                .replace("$2::text[]", "'{F}'::text[]")
+                .replace("$3::int4[]", "'{1}'::int4[]")
+                .replace("$4", "16")
+                .replace("$5", "'n1'")
+                .replace("$6", "30000")
+                .replace("$7", "NULL::timestamptz")
+        );
+        let running = plan(&mut conn, &explain).await;
+        assert!(running.contains("One-Time Filter: (NOT"), "{running}");
+        assert!(
+            running.contains(
+                "Index Scan using gd_instances_pick on gd_instances i (actual rows=16 loops=1)"
+            ),
+            "the pick reads the batch only:\n{running}"
+        );
+        assert!(!running.contains("Seq Scan on gd_instances"), "{running}");
+
+        sqlx::query("INSERT INTO gd_queue_pauses (queue) VALUES ('q')")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let paused = plan(&mut conn, &explain).await;
+        assert!(
+            paused
+                .contains("Index Scan using gd_instances_pick on gd_instances i (never executed)"),
+            "{paused}"
+        );
+        drop(conn);
+        db.close().await;
+    }
+
+    /// The plan of `explain`, run in a transaction rolled back after (EXPLAIN ANALYZE
+    /// executes the claim).
+    async fn plan(conn: &mut sqlx::PgConnection, explain: &str) -> String {
+        let mut tx = sqlx::Connection::begin(conn).await.unwrap();
+        let lines: Vec<String> = sqlx::query_scalar(explain)
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        lines.join("\n")
+    }
 }

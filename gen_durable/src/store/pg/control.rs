@@ -1,4 +1,5 @@
-//! Operator actions on one instance: cancel and retry. Both wait for their row locks
+//! Operator actions on instances: cancel, retry and restart, of one instance or of a
+//! batch (`Client::cancel_where` / `retry_where`). They wait for their row locks
 //! (one caller, one instance tree) and take them in ascending id order, a parent before
 //! its children, so that they cannot deadlock with each other; the engine's statements
 //! never wait, so they cannot deadlock with those.
@@ -9,22 +10,26 @@ use sqlx::PgConnection;
 use super::UNIQUE_VIOLATION;
 use crate::answers::{CancelFound, RetryFound};
 use crate::error::Result;
+use crate::operator::RestartFound;
 use crate::pooler::On;
 use crate::Status;
 
-/// Statement 1 of a cancel: the instance, its live descendants and its parent (whose
-/// counter the cancel decrements), locked in id order. `in_tree` is false for the parent.
+/// Statement 1 of a cancel: the instances `$1` (one for `Client::cancel`, a batch for
+/// `Client::cancel_where`), their live descendants and their parents (whose counters the
+/// cancel decrements), locked in id order. `in_tree` is false for a parent outside the
+/// set. Only a live row's children are followed: a root that finished meanwhile brings
+/// nothing of its own into the cancel.
 pub(super) const CANCEL_TREE: &str = r#"/* gd:cancel */
 WITH RECURSIVE tree AS (
-    SELECT id FROM gd_instances WHERE id = $1
+    SELECT id, status FROM gd_instances WHERE id = ANY ($1)
   UNION
-    SELECT c.id FROM gd_instances c JOIN tree t ON c.parent_id = t.id
-     WHERE c.status NOT IN ('done', 'failed')
+    SELECT c.id, c.status FROM gd_instances c JOIN tree t ON c.parent_id = t.id
+     WHERE c.status NOT IN ('done', 'failed') AND t.status NOT IN ('done', 'failed')
 )
 SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
   FROM gd_instances i
  WHERE i.id IN (SELECT id FROM tree)
-    OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
+    OR i.id IN (SELECT parent_id FROM gd_instances WHERE id = ANY ($1))
  ORDER BY i.id
    FOR NO KEY UPDATE OF i
 "#;
@@ -66,26 +71,62 @@ const FAN_IN: &str =
 
 /// Cancels instance `id` and its live descendants; `conn` must be in a transaction.
 pub(crate) async fn cancel(
-    mut conn: On<&mut PgConnection>,
+    conn: On<&mut PgConnection>,
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<CancelFound> {
+    let batch = cancel_many(conn, &[id], now).await?;
+    Ok(match batch.roots.first() {
+        None => CancelFound::NotFound,
+        Some((_, st)) if st.is_terminal() => CancelFound::Finished(*st),
+        Some(_) => CancelFound::Cancelled {
+            failed: batch.failed,
+            flagged: batch.flagged,
+        },
+    })
+}
+
+/// What one cancel of several roots found and did.
+#[derive(Debug, Default)]
+pub(crate) struct CancelBatch {
+    /// The roots found, with their status when locked (a root not listed is gone).
+    pub(crate) roots: Vec<(i64, Status)>,
+    /// Rows failed at once (live roots and their live descendants).
+    pub(crate) failed: usize,
+    /// Executing rows flagged to fail after their step.
+    pub(crate) flagged: usize,
+}
+
+/// Cancels the live ones of instances `ids` with their live descendants, in the
+/// statements of a single cancel; `conn` must be in a transaction. Roots that are
+/// terminal when locked are left as they are.
+pub(crate) async fn cancel_many(
+    mut conn: On<&mut PgConnection>,
+    ids: &[i64],
+    now: Option<DateTime<Utc>>,
+) -> Result<CancelBatch> {
     let locked: Vec<(i64, Status, bool)> = sqlx::query_as(CANCEL_TREE)
-        .bind(id)
+        .bind(ids)
         .fetch_all(conn.again())
         .await?;
-    match locked.iter().find(|(i, _, _)| *i == id) {
-        None => return Ok(CancelFound::NotFound),
-        Some((_, st, _)) if st.is_terminal() => return Ok(CancelFound::Finished(*st)),
-        Some(_) => {}
-    }
-    let ids: Vec<i64> = locked
+    let roots: Vec<(i64, Status)> = locked
+        .iter()
+        .filter(|(i, _, _)| ids.contains(i))
+        .map(|(i, st, _)| (*i, *st))
+        .collect();
+    let tree: Vec<i64> = locked
         .iter()
         .filter(|(_, st, in_tree)| *in_tree && !st.is_terminal())
         .map(|(i, _, _)| *i)
         .collect();
+    if tree.is_empty() {
+        return Ok(CancelBatch {
+            roots,
+            ..CancelBatch::default()
+        });
+    }
     let (failed, flagged, parents): (i64, i64, Vec<i64>) = sqlx::query_as(CANCEL_APPLY)
-        .bind(ids)
+        .bind(tree)
         .bind(now)
         .fetch_one(conn.again())
         .await?;
@@ -96,95 +137,253 @@ pub(crate) async fn cancel(
             .execute(conn.again())
             .await?;
     }
-    Ok(CancelFound::Cancelled {
+    Ok(CancelBatch {
+        roots,
         failed: failed as usize,
         flagged: flagged as usize,
     })
 }
 
-/// A retry in one statement. `locked` takes the instance and its parent in id order (the
-/// parent's id is the smaller). A failed instance goes back to where the step it failed in
-/// began, with a fresh attempt count: if it still has live children (a cancelled parent
-/// whose running child has not stopped yet), it awaits them again (`children_pending`
-/// recounted from the rows); if the step was woken by a signal (`awaits` is kept on
-/// failure), it awaits one again — its inbox went with the failure — unless one is in;
-/// else it is runnable. A child is retried only while its parent awaits its children, and re-arms it
-/// (the parent waits for this child again); once the parent has read the child's outcome
-/// and gone on, nothing changes (a retried child would end with nobody counting it). A
-/// parent already collected waits for nothing.
+/// A retry, or a restart at a named step, of instances `$1`, in one statement.
+/// `locked` takes the instances and their parents in id order (a parent's id is the
+/// smaller).
+///
+/// A retry (`$3` NULL) puts a failed instance back where the step it failed in began,
+/// with a fresh attempt count: if it still has live children (a cancelled parent whose
+/// running child has not stopped yet), it awaits them again (`children_pending` recounted
+/// from the rows); if the step was woken by a signal (`awaits` is kept on failure), it
+/// awaits one again — its inbox went with the failure — unless one is in; else it is
+/// runnable.
+///
+/// A restart (`$3` the step) takes any instance that is not executing, has no live
+/// children and is still at the FSM version `$4` its step was checked against (a bulk
+/// instance migration may have moved it since) — failed, done, runnable or parked — and
+/// makes it runnable now at step `$3`:
+/// attempt 0, nothing awaited, no deadline, no result; its inbox, kept while it lived, is
+/// there for the step to read.
+///
+/// Either way a finished child is taken back only while its parent awaits its children,
+/// and re-arms it (the parent waits for this child again); once the parent has read the
+/// child's outcome and gone on, nothing changes (a taken-back child would end with nobody
+/// counting it). A parent already collected waits for nothing; a live child is still
+/// counted by its parent. A row coming back into its unique key's scope while another
+/// row holds the key fails the statement on the unique index (the caller's `KeyTaken`).
+/// One row per instance found: its status when locked, its parent and the parent's
+/// status, its live children, whether it was taken; the queues woken.
 pub(super) const RETRY: &str = r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
-    SELECT i.id, i.status, i.parent_id FROM gd_instances i
-     WHERE i.id = $1 OR i.id = (SELECT parent_id FROM gd_instances WHERE id = $1)
+    SELECT i.id, i.status, i.parent_id, i.fsm_version FROM gd_instances i
+     WHERE i.id = ANY ($1)
+        OR i.id IN (SELECT parent_id FROM gd_instances WHERE id = ANY ($1))
      ORDER BY i.id
        FOR NO KEY UPDATE OF i
 ), target AS (
-    SELECT * FROM locked WHERE id = $1
-), parent AS (
-    SELECT l.* FROM locked l JOIN target t ON l.id = t.parent_id
-), go AS (
-    SELECT t.id FROM target t
-     WHERE t.status = 'failed'
-       AND coalesce((SELECT status = 'awaiting_children' FROM parent), true)
+    SELECT l.id, l.status, l.parent_id, l.fsm_version,
+           (SELECT count(*)::int FROM gd_instances c
+             WHERE c.parent_id = l.id AND c.status NOT IN ('done', 'failed')) AS live
+      FROM locked l WHERE l.id = ANY ($1)
+), judged AS MATERIALIZED (
+    SELECT t.*, p.status AS parent_status,
+           (CASE WHEN $3::text IS NULL THEN t.status = 'failed'
+                 ELSE t.status <> 'executing' AND t.live = 0
+                      AND t.fsm_version = coalesce($4::int4, t.fsm_version) END)
+           AND (t.status NOT IN ('done', 'failed')
+                OR coalesce(p.status = 'awaiting_children', true)) AS go
+      FROM target t LEFT JOIN locked p ON p.id = t.parent_id
 ), retried AS (
     UPDATE gd_instances i
-       SET status = (CASE WHEN l.live > 0 THEN 'awaiting_children'
+       SET status = (CASE WHEN $3::text IS NOT NULL THEN 'runnable'
+                          WHEN j.live > 0 THEN 'awaiting_children'
                           WHEN cardinality(i.awaits) > 0 AND NOT EXISTS (
                               SELECT 1 FROM gd_signals s
                                WHERE s.target_id = i.id AND s.name = ANY (i.awaits))
                           THEN 'awaiting_signal'
                           ELSE 'runnable' END)::gd_status,
-           children_pending = l.live,
+           step = coalesce($3::text, i.step),
+           awaits = CASE WHEN $3::text IS NULL THEN i.awaits ELSE '{}' END,
+           result = CASE WHEN $3::text IS NULL THEN i.result END,
+           children_pending = j.live,
            attempt = 0, reaps = 0, cancel_requested = false,
            await_deadline = NULL, locked_by = NULL, lease_expires_at = NULL,
            eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
-      FROM go,
-           (SELECT count(*)::int AS live FROM gd_instances c
-             WHERE c.parent_id = $1 AND c.status NOT IN ('done', 'failed')) l
-     WHERE i.id = go.id
+      FROM judged j
+     WHERE i.id = j.id AND j.go
     RETURNING i.queue, i.status
 ), rearmed AS (
     UPDATE gd_instances p
-       SET children_pending = p.children_pending + 1, updated_at = coalesce($2, now())
-      FROM parent
-     WHERE p.id = parent.id AND EXISTS (SELECT 1 FROM go)
+       SET children_pending = p.children_pending + r.n, updated_at = coalesce($2, now())
+      FROM (SELECT parent_id, count(*)::int AS n FROM judged
+             WHERE go AND status IN ('done', 'failed') AND parent_status IS NOT NULL
+             GROUP BY parent_id) r
+     WHERE p.id = r.parent_id
 )
-SELECT (SELECT status::text FROM target) AS status,
-       (SELECT id FROM parent) AS parent,
-       (SELECT status::text FROM parent) AS parent_status,
-       (SELECT count(*) FROM retried) AS retried,
-       (SELECT count(pg_notify('gd_wake', queue)) FROM retried WHERE status = 'runnable') AS woke
+SELECT j.id, j.status::text AS status, j.parent_id, j.parent_status::text AS parent_status,
+       j.live, j.go, j.fsm_version,
+       (SELECT count(pg_notify('gd_wake', q.queue))
+          FROM (SELECT DISTINCT queue FROM retried WHERE status = 'runnable') q) AS woke
+  FROM judged j
+ ORDER BY j.id
 "#;
 
-/// RETRY's row: the instance's status, its parent and the parent's status, rows retried,
-/// queues woken.
-type RetryRow = (Option<Status>, Option<i64>, Option<Status>, i64, i64);
+/// RETRY's row for one instance.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct Rerun {
+    /// Its status when locked.
+    pub(crate) status: Status,
+    pub(crate) parent_id: Option<i64>,
+    /// The parent's status; `None` without a parent, or one already collected.
+    pub(crate) parent_status: Option<Status>,
+    /// Its live children.
+    pub(crate) live: i32,
+    /// Retried (or restarted).
+    pub(crate) go: bool,
+    /// Its FSM version when locked.
+    pub(crate) fsm_version: i32,
+}
+
+/// What one RETRY statement found: a row per instance found, or `KeyTaken` when one of
+/// them came back into its unique key's scope while another row holds the key (then
+/// nothing changed).
+#[derive(Debug)]
+pub(crate) enum Reruns {
+    Found(Vec<Rerun>),
+    KeyTaken,
+}
+
+/// Retries (`step` `None`) or restarts at `step` (checked against FSM version
+/// `version`) instances `ids` in one statement.
+pub(crate) async fn rerun(
+    mut conn: On<&mut PgConnection>,
+    ids: &[i64],
+    step: Option<(&str, i32)>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Reruns> {
+    let found = sqlx::query_as::<_, Rerun>(RETRY)
+        .bind(ids)
+        .bind(now)
+        .bind(step.map(|(s, _)| s))
+        .bind(step.map(|(_, v)| v))
+        .fetch_all(conn.again())
+        .await;
+    match found {
+        Ok(rows) => Ok(Reruns::Found(rows)),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+            Ok(Reruns::KeyTaken)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Retries instance `id`.
 pub(crate) async fn retry(
-    mut conn: On<&mut PgConnection>,
+    conn: On<&mut PgConnection>,
     id: i64,
     now: Option<DateTime<Utc>>,
 ) -> Result<RetryFound> {
-    let found = sqlx::query_as::<_, RetryRow>(RETRY)
+    Ok(match rerun(conn, &[id], None, now).await? {
+        Reruns::KeyTaken => RetryFound::KeyTaken,
+        Reruns::Found(rows) => match rows.first() {
+            None => RetryFound::NotFound,
+            Some(r) => RetryFound::of(r.status, r.go, r.parent_id.zip(r.parent_status)),
+        },
+    })
+}
+
+/// Restarts instance `id` at `step`, checked by the caller against FSM version `version`.
+pub(crate) async fn restart(
+    conn: On<&mut PgConnection>,
+    id: i64,
+    step: &str,
+    version: i32,
+    now: Option<DateTime<Utc>>,
+) -> Result<RestartFound> {
+    Ok(
+        match rerun(conn, &[id], Some((step, version)), now).await? {
+            Reruns::KeyTaken => RestartFound::KeyTaken,
+            Reruns::Found(rows) => match rows.first() {
+                None => RestartFound::NotFound,
+                Some(r) if r.fsm_version != version && !r.go => RestartFound::VersionChanged {
+                    from: version,
+                    to: r.fsm_version,
+                },
+                Some(r) => {
+                    RestartFound::of(r.status, r.go, r.live, r.parent_id.zip(r.parent_status))
+                }
+            },
+        },
+    )
+}
+
+/// What a restart checks its step against: the instance's FSM and version, and the step
+/// names the most recently seen live node running that version announces (`gd_nodes.steps`,
+/// migration 0010), if any does.
+const STEPS_OF: &str = r#"/* gd:retry */
+SELECT i.fsm, i.fsm_version,
+       (SELECT n.steps -> (i.fsm || '@' || i.fsm_version) FROM gd_nodes n
+         WHERE n.last_seen_at > coalesce($2, now()) - $3 * interval '1 millisecond'
+           AND n.steps ? (i.fsm || '@' || i.fsm_version)
+         ORDER BY n.last_seen_at DESC
+         LIMIT 1) AS steps
+  FROM gd_instances i
+ WHERE i.id = $1
+"#;
+
+/// STEPS_OF's row: the FSM, its version, and the announced steps.
+type StepsOfRow = (String, i32, Option<sqlx::types::Json<Vec<String>>>);
+
+/// Instance `id`'s FSM, version and the steps a live node announces for them; `None` if
+/// there is no such instance.
+pub(crate) async fn steps_of<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    id: i64,
+    now: Option<DateTime<Utc>>,
+) -> Result<Option<(String, i32, Option<Vec<String>>)>> {
+    let row: Option<StepsOfRow> = sqlx::query_as(STEPS_OF)
         .bind(id)
         .bind(now)
-        .fetch_one(conn.again())
-        .await;
-    let (status, parent, parent_status, retried, _) = match found {
-        Ok(row) => row,
-        // The row came back into its unique key's scope while another row holds the key.
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNIQUE_VIOLATION) => {
-            return Ok(RetryFound::KeyTaken)
-        }
-        Err(e) => return Err(e.into()),
-    };
-    Ok(match (status, parent.zip(parent_status)) {
-        (None, _) => RetryFound::NotFound,
-        (Some(_), _) if retried > 0 => RetryFound::Retried,
-        (Some(Status::Failed), Some((parent, status))) => {
-            RetryFound::ParentMovedOn { parent, status }
-        }
-        (Some(st), _) => RetryFound::NotFailed(st),
-    })
+        .bind(super::admin::NODE_LIVE_WINDOW_MS)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|(f, v, s)| (f, v, s.map(|j| j.0))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pooler::Pooler;
+    use gen_durable_testkit::TestDb;
+
+    /// A restart checked against one version does not move a row an instance migration
+    /// moved to another meanwhile: that step may not exist there.
+    #[tokio::test]
+    async fn a_restart_checked_against_an_older_version_changes_nothing() {
+        let db = TestDb::new().await;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status)
+             VALUES ('F', 2, 'b', '{}', 'q', 'done') RETURNING id",
+        )
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        let mut conn = db.pool().acquire().await.unwrap();
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None)
+            .await
+            .unwrap();
+        assert_eq!(found, RestartFound::VersionChanged { from: 1, to: 2 });
+        let (status, step): (String, String) =
+            sqlx::query_as("SELECT status::text, step FROM gd_instances WHERE id = $1")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        assert_eq!((status.as_str(), step.as_str()), ("done", "b"));
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None)
+            .await
+            .unwrap();
+        assert_eq!(found, RestartFound::Restarted);
+        tx.rollback().await.unwrap();
+        drop(conn);
+        db.close().await;
+    }
 }

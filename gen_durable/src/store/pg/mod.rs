@@ -21,11 +21,12 @@
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
 //! kinds: `claim`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
 //! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
-//! `schedule`, `migrate`, `explain`, `dashboard` here;
+//! `schedule`, `migrate`, `explain`, `dashboard`, `pause` here;
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
 //! them (or a new kind added to that list) at the very start of its text.
 
 pub(crate) mod admin;
+pub(crate) mod bulk;
 pub(crate) mod claim;
 pub(crate) mod control;
 #[cfg(feature = "dashboard")]
@@ -35,6 +36,7 @@ pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod migration;
 pub(crate) mod outcome;
+pub(crate) mod pause;
 pub(crate) mod schedule;
 pub(crate) mod signal;
 pub(crate) mod wait;
@@ -62,9 +64,9 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
         ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
         ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
-        ("retry", "int8, timestamptz", control::RETRY),
+        ("retry", "int8[], timestamptz, text, int4", control::RETRY),
         ("heartbeat", "int8[], int8[], int8, timestamptz, text", lease::HEARTBEAT),
-        ("cancel_tree", "int8", control::CANCEL_TREE),
+        ("cancel_tree", "int8[]", control::CANCEL_TREE),
         ("cancel_apply", "int8[], timestamptz", control::CANCEL_APPLY),
         ("fence", "int8[], int8[], text", outcome::FENCE),
         ("release", "int8[], int8[], text, timestamptz", lease::RELEASE),
@@ -85,9 +87,10 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 12] = [
+    const SOURCES: [(&str, &str); 14] = [
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
+        ("bulk.rs", include_str!("bulk.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
         ("explain.rs", include_str!("explain.rs")),
@@ -95,6 +98,7 @@ mod tests {
         ("lease.rs", include_str!("lease.rs")),
         ("migration.rs", include_str!("migration.rs")),
         ("outcome.rs", include_str!("outcome.rs")),
+        ("pause.rs", include_str!("pause.rs")),
         ("schedule.rs", include_str!("schedule.rs")),
         ("signal.rs", include_str!("signal.rs")),
         ("wait.rs", include_str!("wait.rs")),
@@ -157,6 +161,9 @@ mod tests {
         assert!(crate::engine::BEGIN_READ_COMMITTED.starts_with("/* gd:begin */"));
         for sql in [super::signal::DELIVER, super::signal::DELIVER_BY_KEY] {
             assert!(sql.starts_with("/* gd:signal */"), "{sql}");
+        }
+        for sql in [super::bulk::MATCHING_IDS, super::bulk::MATCHING_COUNT] {
+            assert!(sql.starts_with("/* gd:admin */"), "{sql}");
         }
     }
 }

@@ -1,0 +1,137 @@
+//! The operator actions: `pause`, `resume`, `restart`, and `cancel` / `retry` by filter.
+
+use serde_json::json;
+use sqlx::PgPool;
+
+use super::args::format_age;
+use super::{CliError, Output};
+use crate::{BulkReport, Client, Filter};
+
+pub(crate) async fn pause(
+    pool: &PgPool,
+    queue: &str,
+    reason: Option<&str>,
+) -> Result<Output, CliError> {
+    let gd = Client::new(pool.clone());
+    let newly = gd.pause_queue(queue, reason).await?;
+    let text = if newly {
+        format!("paused queue {queue:?}: no node claims its rows until `gen_durable resume {queue}` (rows already claimed finish their step)\n")
+    } else {
+        format!("queue {queue:?} was already paused; it stays paused (its first reason is kept)\n")
+    };
+    Ok(Output {
+        json: json!({ "queue": queue, "paused": true, "newly_paused": newly }),
+        text,
+    })
+}
+
+pub(crate) async fn resume(pool: &PgPool, queue: &str) -> Result<Output, CliError> {
+    let resumed = Client::new(pool.clone()).resume_queue(queue).await?;
+    let text = if resumed {
+        format!("resumed queue {queue:?}: its nodes pick at once\n")
+    } else {
+        format!("queue {queue:?} was not paused; nothing changed\n")
+    };
+    Ok(Output {
+        json: json!({ "queue": queue, "paused": false, "resumed": resumed }),
+        text,
+    })
+}
+
+pub(crate) async fn restart(pool: &PgPool, id: i64, step: &str) -> Result<Output, CliError> {
+    Client::new(pool.clone()).restart(id, step).await?;
+    Ok(Output {
+        json: json!({ "id": id, "restarted": true, "step": step }),
+        text: format!("instance {id} is runnable now at step {step:?} (attempt 0)\n"),
+    })
+}
+
+pub(crate) async fn cancel_where(
+    pool: &PgPool,
+    filter: &Filter,
+    dry_run: bool,
+) -> Result<Output, CliError> {
+    let r = Client::new(pool.clone())
+        .cancel_where(filter, dry_run)
+        .await?;
+    let text = if dry_run {
+        format!(
+            "dry run: {} live instance(s) match {}; nothing was changed\n",
+            r.matched,
+            describe(filter)
+        )
+    } else {
+        format!(
+            "cancelled {} matching instance(s) of {} in {} batch(es): {} failed with \"cancelled\" now (with their live descendants), {} running one(s) will after their current step, {} had finished meanwhile\n",
+            r.matched - r.skipped,
+            describe(filter),
+            r.batches,
+            r.changed,
+            r.after_current_step,
+            r.skipped
+        )
+    };
+    Ok(Output {
+        json: report_json(&r),
+        text,
+    })
+}
+
+pub(crate) async fn retry_where(
+    pool: &PgPool,
+    filter: &Filter,
+    dry_run: bool,
+) -> Result<Output, CliError> {
+    let r = Client::new(pool.clone())
+        .retry_where(filter, dry_run)
+        .await?;
+    let text = if dry_run {
+        format!(
+            "dry run: {} failed instance(s) match {}; nothing was changed\n",
+            r.matched,
+            describe(filter)
+        )
+    } else {
+        format!(
+            "retried {} of {} failed instance(s) matching {} in {} batch(es); {} skipped (no longer failed, a child whose parent went on, or a unique key taken)\n",
+            r.changed,
+            r.matched,
+            describe(filter),
+            r.batches,
+            r.skipped
+        )
+    };
+    Ok(Output {
+        json: report_json(&r),
+        text,
+    })
+}
+
+fn report_json(r: &BulkReport) -> serde_json::Value {
+    serde_json::to_value(r).unwrap_or_default()
+}
+
+/// The filter as the operator wrote it: `queue=q fsm=F older-than=1h`.
+fn describe(f: &Filter) -> String {
+    let mut parts = Vec::new();
+    if let Some(q) = &f.queue {
+        parts.push(format!("queue={q}"));
+    }
+    if let Some(x) = &f.fsm {
+        parts.push(format!("fsm={x}"));
+    }
+    if let Some(v) = f.version {
+        parts.push(format!("version={v}"));
+    }
+    if !f.statuses.is_empty() {
+        let s: Vec<&str> = f.statuses.iter().map(|s| s.as_str()).collect();
+        parts.push(format!("status={}", s.join(",")));
+    }
+    if let Some(a) = f.older_than {
+        parts.push(format!("older-than={}", format_age(a)));
+    }
+    if let Some(k) = &f.key_prefix {
+        parts.push(format!("key-prefix={k:?}"));
+    }
+    parts.join(" ")
+}

@@ -1,0 +1,178 @@
+//! The operator actions beyond one instance's cancel, retry and signal: restart from a
+//! named step, pause and resume a queue, and cancel or retry every instance a filter
+//! matches — each through the library's `Client`, as the CLI does them. Authorized like
+//! every action (`auth::authorize`: token, then CSRF); a bulk action can be previewed
+//! (a dry run: the count, nothing written) before it is confirmed.
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Form;
+use maud::html;
+use serde::Deserialize;
+
+use super::actions::{back_to, redirect, refused};
+use super::auth::authorize;
+use super::error::DashboardError;
+use super::layout::Page;
+use super::overview::urlencode;
+use super::AppState;
+use crate::{Client, Filter, Status};
+
+/// The restart form.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RestartForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    step: String,
+}
+
+pub(crate) async fn restart(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Form(form): Form<RestartForm>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    Client::new(state.pool.clone())
+        .restart(id, form.step.trim())
+        .await
+        .map_err(refused)?;
+    Ok(back_to(id, "restarted"))
+}
+
+/// The pause form (resume needs only the CSRF token).
+#[derive(Debug, Deserialize)]
+pub(crate) struct PauseForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<PauseForm>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
+    Client::new(state.pool.clone())
+        .pause_queue(&queue, reason)
+        .await
+        .map_err(refused)?;
+    Ok(redirect("/?did=paused"))
+}
+
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<PauseForm>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    Client::new(state.pool.clone())
+        .resume_queue(&queue)
+        .await
+        .map_err(refused)?;
+    Ok(redirect("/?did=resumed"))
+}
+
+/// The bulk form: the instances page's filter, the action, and whether to preview it.
+#[derive(Debug, Deserialize)]
+pub(crate) struct BulkForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    queue: String,
+    #[serde(default)]
+    fsm: String,
+    #[serde(default)]
+    status: String,
+    /// `cancel` or `retry`.
+    #[serde(default)]
+    action: String,
+    /// Present: a dry run.
+    #[serde(default)]
+    preview: Option<String>,
+}
+
+impl BulkForm {
+    fn filter(&self) -> Result<Filter, DashboardError> {
+        let mut f = Filter::new();
+        if !self.queue.trim().is_empty() {
+            f = f.with_queue(self.queue.trim());
+        }
+        if !self.fsm.trim().is_empty() {
+            f = f.with_fsm(self.fsm.trim());
+        }
+        if !self.status.trim().is_empty() {
+            let status: Status =
+                self.status.trim().parse().map_err(|_| {
+                    DashboardError::BadRequest(format!("no status {:?}", self.status))
+                })?;
+            f = f.with_statuses([status]);
+        }
+        Ok(f)
+    }
+}
+
+pub(crate) async fn bulk(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<BulkForm>,
+) -> Result<Response, DashboardError> {
+    authorize(&state, &headers, &form.csrf)?;
+    let filter = form.filter()?;
+    let dry_run = form.preview.is_some();
+    let gd = Client::new(state.pool.clone());
+    let report = match form.action.as_str() {
+        "cancel" => gd.cancel_where(&filter, dry_run).await,
+        "retry" => gd.retry_where(&filter, dry_run).await,
+        other => {
+            return Err(DashboardError::BadRequest(format!(
+                "no bulk action {other:?}: cancel or retry"
+            )))
+        }
+    }
+    .map_err(refused)?;
+    let back = format!(
+        "/instances?queue={}&fsm={}&status={}",
+        urlencode(form.queue.trim()),
+        urlencode(form.fsm.trim()),
+        urlencode(form.status.trim())
+    );
+    let verb = if form.action == "cancel" {
+        "cancel"
+    } else {
+        "retry"
+    };
+    let body = html! {
+        h1 { "Bulk " (verb) }
+        @if dry_run {
+            p id="bulk-report" {
+                (report.matched) " instance(s) match; " (verb) " would change them. Nothing was written."
+            }
+            form method="post" action="/bulk" {
+                input type="hidden" name="csrf" value=(form.csrf);
+                input type="hidden" name="queue" value=(form.queue);
+                input type="hidden" name="fsm" value=(form.fsm);
+                input type="hidden" name="status" value=(form.status);
+                input type="hidden" name="action" value=(form.action);
+                button type="submit" id="bulk-confirm" { "Confirm: " (verb) " " (report.matched) }
+            }
+        } @else {
+            p id="bulk-report" {
+                (report.matched) " matched, " (report.changed) " changed, "
+                (report.after_current_step) " after their current step, "
+                (report.skipped) " skipped (" (report.batches) " batch(es))."
+            }
+        }
+        p { a href=(back) { "Back to the instances" } }
+    };
+    Ok(Page::new("Bulk action", body)
+        .viewer(Some(form.csrf.as_str()), true)
+        .into_response())
+}

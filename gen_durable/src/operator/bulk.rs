@@ -1,0 +1,297 @@
+//! Cancelling or retrying every instance a [`Filter`] matches: `Client::cancel_where`,
+//! `Client::retry_where`.
+//!
+//! Batches of at most [`BULK_BATCH`] ids are read by id, without locks, then acted on by
+//! the single-row statements of `cancel` / `retry` (which take an id array) in a short
+//! transaction of their own: each row gets exactly what `Client::cancel` / `retry` would
+//! give it, and the engine, whose statements skip locked rows rather than wait, is never
+//! held for longer than one batch.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::store::pg::bulk::{matching_count, matching_ids, FilterParams};
+use crate::store::pg::control::{self, Reruns};
+use crate::store::pg::millis;
+use crate::{validate, Client, Status};
+
+/// The most instances one transaction of a bulk action takes.
+pub const BULK_BATCH: i64 = 500;
+
+/// Which instances a bulk action takes: every condition set must hold. A filter must
+/// name a queue or an FSM (or both), so that no typo cancels a whole database.
+///
+/// ```
+/// use std::time::Duration;
+/// use gen_durable::{Filter, Status};
+/// let stuck = Filter::new()
+///     .with_queue("checkout")
+///     .with_fsm("Checkout")
+///     .with_statuses([Status::AwaitingSignal])
+///     .with_older_than(Duration::from_secs(3600));
+/// # let _ = stuck;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this FSM (its stored name).
+    pub fsm: Option<String>,
+    /// Only this version of the FSM (needs `fsm`).
+    pub version: Option<i32>,
+    /// Only these statuses; empty: every status the action takes (cancel: the live
+    /// ones; retry: `failed`, the only one it takes).
+    pub statuses: Vec<Status>,
+    /// Only rows last updated before this instant.
+    pub updated_before: Option<DateTime<Utc>>,
+    /// Only rows last updated after this instant.
+    pub updated_after: Option<DateTime<Utc>>,
+    /// Only rows last updated longer ago than this, by the database's clock (the
+    /// client's clock in tests).
+    pub older_than: Option<Duration>,
+    /// Only rows whose correlation key starts with this (`%` and `_` are plain characters).
+    pub key_prefix: Option<String>,
+}
+
+impl Filter {
+    /// A filter with no condition yet: set a queue or an FSM before using it.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only instances of queue `queue`.
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Only instances of FSM `fsm`.
+    pub fn with_fsm(mut self, fsm: impl Into<String>) -> Self {
+        self.fsm = Some(fsm.into());
+        self
+    }
+
+    /// Only instances of this version of the FSM.
+    pub fn with_version(mut self, version: i32) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// Only instances in one of `statuses`.
+    pub fn with_statuses(mut self, statuses: impl IntoIterator<Item = Status>) -> Self {
+        self.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Only instances last updated before `at`.
+    pub fn with_updated_before(mut self, at: DateTime<Utc>) -> Self {
+        self.updated_before = Some(at);
+        self
+    }
+
+    /// Only instances last updated after `at`.
+    pub fn with_updated_after(mut self, at: DateTime<Utc>) -> Self {
+        self.updated_after = Some(at);
+        self
+    }
+
+    /// Only instances last updated longer than `age` ago.
+    pub fn with_older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only instances whose correlation key starts with `prefix`.
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+
+    /// The statement's parameters for an action that takes `allowed` statuses (all of
+    /// them when the filter names none), or the [`Error::InvalidInput`] saying what is
+    /// wrong with the filter.
+    fn params(
+        &self,
+        action: &'static str,
+        allowed: &[Status],
+        now: Option<DateTime<Utc>>,
+    ) -> Result<FilterParams<'_>> {
+        let bad = |reason: String| Error::InvalidInput {
+            what: "filter",
+            reason,
+        };
+        if self.queue.is_none() && self.fsm.is_none() {
+            return Err(bad(format!(
+                "names neither a queue nor an FSM: a bulk {action} needs at least one"
+            )));
+        }
+        if self.version.is_some() && self.fsm.is_none() {
+            return Err(bad("sets a version without an FSM".into()));
+        }
+        for (what, v) in [
+            ("queue", &self.queue),
+            ("fsm", &self.fsm),
+            ("key_prefix", &self.key_prefix),
+        ] {
+            if let Some(v) = v {
+                validate::key(what, v)?;
+            }
+        }
+        if let Some(age) = self.older_than {
+            validate::delay("older_than", age)?;
+        }
+        if let Some(s) = self.statuses.iter().find(|s| !allowed.contains(s)) {
+            let allowed: Vec<String> = allowed.iter().map(Status::to_string).collect();
+            return Err(bad(format!(
+                "status {s} is not one a {action} takes (it takes {})",
+                allowed.join(", ")
+            )));
+        }
+        let statuses = if self.statuses.is_empty() {
+            allowed
+        } else {
+            &self.statuses
+        };
+        Ok(FilterParams {
+            queue: self.queue.as_deref(),
+            fsm: self.fsm.as_deref(),
+            version: self.version,
+            statuses: statuses.iter().map(Status::to_string).collect(),
+            updated_before: self.updated_before,
+            updated_after: self.updated_after,
+            older_than_ms: self.older_than.map(millis),
+            key_prefix: self.key_prefix.as_deref(),
+            now,
+        })
+    }
+}
+
+/// What a bulk action did (or, for a dry run, would take).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BulkReport {
+    /// Instances the filter matched (a dry run: the count it would take).
+    pub matched: u64,
+    /// Instances changed: for a cancel, failed at once — the matched ones and their live
+    /// descendants; for a retry, retried.
+    pub changed: u64,
+    /// Executing instances flagged to fail after their current step (cancel only).
+    pub after_current_step: u64,
+    /// Matched instances left as they were: finished (cancel) or no longer failed (retry)
+    /// by the time their batch ran, a child whose parent no longer waits for it, or a
+    /// unique key another instance now holds (retry).
+    pub skipped: u64,
+    /// Transactions run (0 for a dry run).
+    pub batches: u64,
+    /// Nothing was written: `matched` is a count.
+    pub dry_run: bool,
+}
+
+/// The statuses a cancel takes.
+const LIVE: [Status; 4] = [
+    Status::Runnable,
+    Status::Executing,
+    Status::AwaitingSignal,
+    Status::AwaitingChildren,
+];
+
+impl Client {
+    /// Cancels every instance `filter` matches (by default in any live status), as
+    /// [`Client::cancel`] cancels one — live children with it, executing ones after their
+    /// current step — in transactions of at most [`BULK_BATCH`] instances. `dry_run`:
+    /// counts the matches and writes nothing. A filter that names neither a queue nor an
+    /// FSM, or a terminal status, is [`Error::InvalidInput`] (nothing written).
+    pub async fn cancel_where(&self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        let now = self.clock().now_param();
+        let p = filter.params("cancel", &LIVE, now)?;
+        if dry_run {
+            return self.dry_run(&p).await;
+        }
+        let mut report = BulkReport::default();
+        let mut after = 0;
+        loop {
+            let ids = matching_ids(self.pooler().pool(self.pool()), &p, after, BULK_BATCH).await?;
+            let Some(&last) = ids.last() else { break };
+            after = last;
+            let mut tx = self.pool().begin().await?;
+            let b = control::cancel_many(self.pooler().on(&mut *tx), &ids, now).await?;
+            tx.commit().await?;
+            let live = b.roots.iter().filter(|(_, st)| !st.is_terminal()).count();
+            report.matched += ids.len() as u64;
+            report.changed += b.failed as u64;
+            report.after_current_step += b.flagged as u64;
+            report.skipped += (ids.len() - live) as u64;
+            report.batches += 1;
+            for id in ids {
+                crate::wait::wake(id);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Retries every failed instance `filter` matches, as [`Client::retry`] retries one,
+    /// in transactions of at most [`BULK_BATCH`] instances. A child whose parent no longer
+    /// waits for it, or an instance whose unique key another now holds, is skipped and
+    /// counted in `skipped`. `dry_run`: counts the matches and writes nothing. A filter
+    /// that names neither a queue nor an FSM, or a status other than `failed`, is
+    /// [`Error::InvalidInput`] (nothing written).
+    pub async fn retry_where(&self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        let now = self.clock().now_param();
+        let p = filter.params("retry", &[Status::Failed], now)?;
+        if dry_run {
+            return self.dry_run(&p).await;
+        }
+        let mut report = BulkReport::default();
+        let mut after = 0;
+        loop {
+            let ids = matching_ids(self.pooler().pool(self.pool()), &p, after, BULK_BATCH).await?;
+            let Some(&last) = ids.last() else { break };
+            after = last;
+            report.matched += ids.len() as u64;
+            let retried = match self.retry_batch(&ids, now).await? {
+                Some(n) => n,
+                // One row's key is held by another: that statement changed nothing. The
+                // batch goes again one row at a time, so the others are retried.
+                None => {
+                    let mut n = 0;
+                    for id in &ids {
+                        n += self.retry_batch(&[*id], now).await?.unwrap_or(0);
+                    }
+                    n
+                }
+            };
+            report.changed += retried;
+            report.skipped += ids.len() as u64 - retried;
+            report.batches += 1;
+        }
+        Ok(report)
+    }
+
+    /// Retries `ids` in one transaction: how many were retried, or `None` (nothing
+    /// changed) if one of them came back into its key's scope while another row holds it.
+    async fn retry_batch(&self, ids: &[i64], now: Option<DateTime<Utc>>) -> Result<Option<u64>> {
+        let mut tx = self.pool().begin().await?;
+        let found = control::rerun(self.pooler().on(&mut *tx), ids, None, now).await?;
+        match found {
+            Reruns::KeyTaken => {
+                tx.rollback().await?;
+                Ok(None)
+            }
+            Reruns::Found(rows) => {
+                tx.commit().await?;
+                Ok(Some(rows.iter().filter(|r| r.go).count() as u64))
+            }
+        }
+    }
+
+    async fn dry_run(&self, p: &FilterParams<'_>) -> Result<BulkReport> {
+        let n = matching_count(self.pooler().pool(self.pool()), p).await?;
+        Ok(BulkReport {
+            matched: n as u64,
+            dry_run: true,
+            ..BulkReport::default()
+        })
+    }
+}

@@ -1,0 +1,12 @@
+//! Operator actions beyond one instance's `cancel` / `retry`: pausing a queue cluster-wide,
+//! restarting an instance from a named step, and cancelling or retrying every instance a
+//! [`Filter`] matches. Each is a method of [`crate::Client`] (and of the testkit's
+//! `TestKit`), and a command of the `gen_durable` CLI.
+
+mod bulk;
+mod pause;
+mod restart;
+
+pub use bulk::{BulkReport, Filter, BULK_BATCH};
+pub use pause::{check_queue, QueuePause};
+pub use restart::{check_restart_step, RestartFound};

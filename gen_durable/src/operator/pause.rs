@@ -1,0 +1,68 @@
+//! Pausing a queue cluster-wide: `Client::pause_queue`, `resume_queue`, `paused_queues`.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::store::pg;
+use crate::{validate, Client};
+
+/// A queue an operator paused: no node claims its rows until it is resumed. Rows claimed
+/// before the pause finish their step; parked rows still take signals and time out, and
+/// become runnable rows that wait for the resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct QueuePause {
+    /// The queue.
+    pub queue: String,
+    /// When it was paused (by the clock of the call that paused it).
+    pub paused_at: DateTime<Utc>,
+    /// Why, as the operator who paused it said.
+    pub reason: Option<String>,
+}
+
+/// Checks a queue name (not empty, a key PostgreSQL can store) and a pause's reason (no
+/// NUL): the client's and the testkit's check.
+#[doc(hidden)]
+pub fn check_queue(queue: &str, reason: Option<&str>) -> Result<()> {
+    if queue.is_empty() {
+        return Err(crate::Error::InvalidInput {
+            what: "queue",
+            reason: "is empty".into(),
+        });
+    }
+    validate::key("queue", queue)?;
+    if let Some(r) = reason {
+        validate::text("reason", r)?;
+    }
+    Ok(())
+}
+
+impl Client {
+    /// Pauses `queue` on every node: from the next pick of each node (within one poll
+    /// interval) no row of the queue is claimed, until [`Client::resume_queue`]. Rows
+    /// already claimed finish their step; inserts, signals and await timeouts go on, so
+    /// work piles up as runnable rows. Durable (a row in `gd_queue_pauses`) and
+    /// idempotent: returns true if the queue was not paused yet; pausing it again keeps
+    /// its first `paused_at` and reason. An empty queue name, or one with a NUL
+    /// character, is [`crate::Error::InvalidInput`].
+    pub async fn pause_queue(&self, queue: &str, reason: Option<&str>) -> Result<bool> {
+        check_queue(queue, reason)?;
+        let db = self.pooler().pool(self.pool());
+        pg::pause::pause(db, queue, reason, self.clock().now_param()).await
+    }
+
+    /// Resumes a paused `queue` and wakes its pickers on every node at once (a wake-up
+    /// NOTIFY at commit). Returns true if it was paused; false (and nothing sent) if not.
+    pub async fn resume_queue(&self, queue: &str) -> Result<bool> {
+        check_queue(queue, None)?;
+        let mut tx = self.pool().begin().await?;
+        let resumed = pg::pause::resume(self.pooler().on(&mut *tx), queue).await?;
+        tx.commit().await?;
+        Ok(resumed)
+    }
+
+    /// Every paused queue, by name.
+    pub async fn paused_queues(&self) -> Result<Vec<QueuePause>> {
+        pg::pause::paused(self.pooler().pool(self.pool())).await
+    }
+}
