@@ -350,7 +350,16 @@ impl Client {
         to: i32,
         opts: MigrateOptions,
     ) -> Result<MigrationReport> {
-        crate::migrate_instances::run(&self.pool, &self.clock, &self.registry, fsm, to, opts).await
+        crate::migrate_instances::run(
+            &self.pool,
+            self.pooler,
+            &self.clock,
+            &self.registry,
+            fsm,
+            to,
+            opts,
+        )
+        .await
     }
 
     /// Makes a `failed` instance run again at the step it failed in, with `attempt` 0.

@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::instance_migration::{apply_path, Migrated, MigrationEntry};
+use crate::pooler::Pooler;
 use crate::registry::Registry;
 use crate::store::pg::migration;
 
@@ -183,19 +184,21 @@ impl<'r> BulkPass<'r> {
 
 pub(crate) async fn run(
     pool: &PgPool,
+    pooler: Pooler,
     clock: &Clock,
     registry: &Registry,
     fsm: &str,
     to: i32,
     opts: MigrateOptions,
 ) -> Result<MigrationReport> {
-    let versions = migration::old_versions(pool, fsm, to).await?;
+    let versions = migration::old_versions(pooler.pool(pool), fsm, to).await?;
     let mut pass = BulkPass::new(registry, fsm, to, &versions, opts.dry_run)?;
     let limit = i64::try_from(opts.batch.max(1)).unwrap_or(i64::MAX);
     let mut after = 0_i64;
     loop {
         let mut tx = pool.begin().await?;
-        let rows = migration::batch(&mut *tx, fsm, to, after, limit, !opts.dry_run).await?;
+        let rows =
+            migration::batch(pooler.on(&mut *tx), fsm, to, after, limit, !opts.dry_run).await?;
         let Some(last) = rows.last() else { break };
         after = last.0;
         let (moved, failed) = pass.batch(
@@ -204,11 +207,11 @@ pub(crate) async fn run(
         );
         if !opts.dry_run {
             let now = clock.now_param();
-            migration::apply_batch(&mut *tx, &moved, now).await?;
-            migration::note_failed(&mut *tx, &failed, now).await?;
+            migration::apply_batch(pooler.on(&mut *tx), &moved, now).await?;
+            migration::note_failed(pooler.on(&mut *tx), &failed, now).await?;
             tx.commit().await?;
         }
     }
-    let (executing, other) = migration::left(pool, fsm, to).await?;
+    let (executing, other) = migration::left(pooler.pool(pool), fsm, to).await?;
     Ok(pass.finish(executing as u64, other as u64))
 }
