@@ -2,6 +2,7 @@
 
 pub use crate::ctx::{Ctx, StepContext};
 pub use crate::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
+pub use crate::gate::ConcurrencyKey;
 pub use crate::instance_migration::{apply_path, MigrationEntry};
 pub use crate::job::{JobResult, RetryPolicy};
 pub use crate::registry::FsmEntry;

@@ -155,6 +155,13 @@ pub enum Error {
         /// The underlying error.
         reason: String,
     },
+    /// An insert or a transition named a gate that is not declared (no
+    /// `EngineBuilder::concurrency_limit` or `Client::set_gate` for it). Nothing was written.
+    #[error("unknown gate {name:?}: declare it with EngineBuilder::concurrency_limit or Client::set_gate; nothing was written")]
+    UnknownGate {
+        /// The gate named.
+        name: String,
+    },
     /// A value given to a builder is out of range; the message says which and why.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

@@ -235,6 +235,7 @@ mod tests {
             queue: "q".into(),
             priority: 0,
             partition_key: None,
+            gate: None,
             unique_key: None,
             unique_scope: None,
             eligible_at: None,

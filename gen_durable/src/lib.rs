@@ -75,6 +75,7 @@ mod engine;
 mod error;
 mod explain;
 mod fsm;
+mod gate;
 mod group_insert;
 mod instance_migration;
 mod job;
@@ -132,6 +133,7 @@ pub use explain::{ExplainFacts, NodeFacts};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
+pub use gate::{Gate, GateKey, GateUse, MAX_GATE_SIZE};
 pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;

@@ -122,6 +122,15 @@ pub fn record(event: &Event) {
         Event::PartitionContended { count, .. } => {
             counter!("gen_durable_partition_contended_total").increment(*count as u64);
         }
+        Event::GateThrottled {
+            wanted,
+            admitted,
+            gate,
+            ..
+        } => {
+            counter!("gen_durable_gate_throttled_total", "gate" => gate.clone())
+                .increment(wanted.saturating_sub(*admitted) as u64);
+        }
         Event::InstanceMigrated { fsm, .. } => {
             counter!("gen_durable_migrations_total", "fsm" => *fsm, "result" => "applied")
                 .increment(1);

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::gate::ConcurrencyKey;
 use crate::Status;
 
 /// Where and when a new instance runs, and what keeps it unique.
@@ -13,7 +14,7 @@ pub struct InsertOptions {
     pub(crate) step: Option<String>,
     pub(crate) queue: Option<String>,
     pub(crate) priority: i16,
-    pub(crate) partition_key: Option<String>,
+    pub(crate) concurrency: Option<ConcurrencyKey>,
     pub(crate) unique_key: Option<String>,
     pub(crate) unique_scope: Option<Vec<Status>>,
     pub(crate) eligible_at: Option<DateTime<Utc>>,
@@ -66,8 +67,19 @@ macro_rules! __insert_options {
             priority(priority: i16) => priority = priority;
         }
         $crate::__insert_option! { $mode
-            /// Instances sharing a partition key never run steps at the same time.
-            partition_key(key: impl Into<String>) => partition_key = Some(key.into());
+            /// Instances sharing a partition key never run steps at the same time (a gate
+            /// of K = 1). Replaces a `gate` set before.
+            partition_key(key: impl Into<String>)
+                => concurrency = Some($crate::__private::ConcurrencyKey::Partition(key.into()));
+        }
+        $crate::__insert_option! { $mode
+            /// Runs under key `key` of a gate: at most the gate's K steps of that key at
+            /// once, across every node (`("stripe", tenant)`, or `GateKey::global("smtp")`).
+            /// The gate must be declared (`EngineBuilder::concurrency_limit`,
+            /// `Client::set_gate`): an unknown one is `Error::UnknownGate` and nothing is
+            /// written. Replaces a `partition_key` set before.
+            gate(key: impl Into<$crate::GateKey>)
+                => concurrency = Some($crate::__private::ConcurrencyKey::Gate(key.into()));
         }
         $crate::__insert_option! { $mode
             /// The instance's correlation key: its business name (`"order:42"`), set once.

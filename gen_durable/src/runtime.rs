@@ -193,8 +193,10 @@ pub struct NewInstance {
     pub queue: String,
     /// Priority (lower first).
     pub priority: i16,
-    /// Partition key.
+    /// Partition key: a K = 1 key, or the key within `gate`.
     pub partition_key: Option<String>,
+    /// The gate `partition_key` is a key of (`None`: a K = 1 key).
+    pub gate: Option<String>,
     /// Unique key.
     pub unique_key: Option<String>,
     /// Unique scope (resolved: a key always comes with a scope).
@@ -221,6 +223,10 @@ impl NewInstance {
         state: Value,
         opts: InsertOptions,
     ) -> Self {
+        let (partition_key, gate) = match opts.concurrency.as_ref().map(|c| c.columns()) {
+            Some((key, gate)) => (Some(key), gate),
+            None => (None, None),
+        };
         NewInstance {
             fsm: fsm.to_string(),
             version,
@@ -231,7 +237,8 @@ impl NewInstance {
                 .clone()
                 .unwrap_or_else(|| default_queue.to_string()),
             priority: opts.priority,
-            partition_key: opts.partition_key.clone(),
+            partition_key,
+            gate,
             unique_scope: opts.resolved_scope(),
             eligible_at: opts.absolute_at(),
             delay: opts.delay(),

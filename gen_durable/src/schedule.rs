@@ -154,6 +154,7 @@ impl Schedule {
                     queue: "q".into(),
                     priority: 0,
                     partition_key: None,
+                    gate: None,
                     unique_key: own_key.clone(),
                     unique_scope: own_key.as_ref().map(|_| crate::Status::ALL.to_vec()),
                     eligible_at: None,

@@ -10,6 +10,7 @@
 //! | `scheduler.saturation` | `in_flight, buffer, concurrency, prefetch`; `queue` |
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
 //! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
+//! | `concurrency.throttled` | `wanted, admitted`; `gate, key, queue`: a pick found more rows of a gate key than the key had free slots and handed the rest back untouched (no attempt counted); rows of a key already full are skipped by the pick and not counted |
 //! | `reaper.reaped` | `count`; `ids` |
 //! | `lease.heartbeat` | `held, extended`; `cancelled` (ids): one heartbeat of a node holding leases |
 //! | `await.timed_out` | `count`: parked rows past their deadline, made runnable by one sweep |
@@ -95,6 +96,20 @@ pub enum Event {
         fsm: String,
         /// The partition key.
         partition_key: String,
+    },
+    /// A pick claimed fewer rows of a gate key than it found (`wanted`), for want of
+    /// free slots; the others were handed back untouched.
+    GateThrottled {
+        /// Rows of the key in the pick.
+        wanted: usize,
+        /// Rows of the key claimed.
+        admitted: usize,
+        /// The gate.
+        gate: String,
+        /// The key within it.
+        key: String,
+        /// The queue picked.
+        queue: String,
     },
     /// The reaper took back expired leases.
     ReaperReaped {
@@ -262,6 +277,15 @@ impl Telemetry {
                 partition_key,
             } => tracing::debug!(
                 target: "gen_durable::partition", count, id, fsm, partition_key, "partition.contended"),
+            Event::GateThrottled {
+                wanted,
+                admitted,
+                gate,
+                key,
+                queue,
+            } => tracing::debug!(
+                target: "gen_durable::concurrency", wanted, admitted, gate, key, queue,
+                "concurrency.throttled"),
             Event::ReaperReaped { count, ids } => tracing::warn!(
                 target: "gen_durable::reaper", count, ids = ?ids, "reaper.reaped"),
             Event::LeaseLost {

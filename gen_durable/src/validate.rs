@@ -239,6 +239,9 @@ impl NewInstance {
         if let Some(k) = &self.partition_key {
             key("partition_key", k)?;
         }
+        if let Some(g) = &self.gate {
+            crate::gate::gate_name(g)?;
+        }
         if let Some(k) = &self.unique_key {
             correlation_key(k)?;
         }

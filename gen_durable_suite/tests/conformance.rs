@@ -19,6 +19,8 @@ mod children;
 mod explain;
 #[path = "conformance/fsms.rs"]
 mod fsms;
+#[path = "conformance/gates.rs"]
+mod gates;
 #[path = "conformance/keys.rs"]
 mod keys;
 #[path = "conformance/kit_only.rs"]
@@ -69,6 +71,10 @@ macro_rules! conformance {
 }
 
 conformance! {
+    gates::a_gate_of_two_runs_every_row_and_never_three_steps_of_one_key,
+    gates::an_undeclared_gate_is_refused_and_nothing_is_written,
+    gates::declaring_a_gate_is_idempotent_and_a_new_limit_replaces_the_old,
+    gates::a_gate_key_and_a_partition_key_of_the_same_text_are_different_keys,
     keys::a_signal_by_key_reaches_its_holder,
     keys::a_key_no_instance_holds_is_key_not_found,
     keys::a_finished_holder_frees_its_key_for_a_new_run,

@@ -434,6 +434,146 @@ async fn partition_exclusivity_across_two_processes_with_sixteen_workers() {
     db.close().await;
 }
 
+/// The most steps of one key that ran at once, per key, from the database-clock spans:
+/// at each span's start, the spans of its key covering that instant.
+async fn max_overlap_per_key(db: &TestDb) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT x.key, max((SELECT count(*) FROM gd_spans y
+                             WHERE y.key = x.key AND y.started <= x.started
+                               AND y.ended > x.started))
+           FROM gd_spans x GROUP BY x.key ORDER BY x.key",
+    )
+    .fetch_all(db.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_gate_of_three_is_never_exceeded_by_two_processes_of_thirty_two_workers() {
+    use gen_durable_suite::fsms::{create_span_table, Keyed, KeyedWork};
+    let (db, gd, url) = setup().await;
+    create_span_table(db.pool()).await.unwrap();
+    // Declared by the client: the workers read K from the database at each pick.
+    gd.set_gate("api", gen_durable::Gate::new(3)).await.unwrap();
+    let entries = (0..2000).map(|i| {
+        let key = format!("tenant-{}", i % 5);
+        gen_durable::Entry::<Keyed>::new(KeyedWork {
+            key: key.clone(),
+            ms: 15,
+        })
+        .gate(("api", key))
+    });
+    gd.insert_all::<Keyed>(entries).await.unwrap();
+    let args = [
+        "--concurrency",
+        "32",
+        "--prefetch",
+        "8",
+        "--pool",
+        "40",
+        "--poll-ms",
+        "20",
+    ];
+    let a = Worker::start(&url, "gate-a", &args, None).await;
+    let b = Worker::start(&url, "gate-b", &args, None).await;
+    eventually(180, "all 2,000 done", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+        )
+        .await
+            == 2000
+    })
+    .await;
+    let overlap = max_overlap_per_key(&db).await;
+    assert_eq!(overlap.len(), 5, "{overlap:?}");
+    for (key, most) in &overlap {
+        assert_eq!(
+            *most, 3,
+            "key {key}: at most K = 3 at once, and 3 reached ({overlap:?})"
+        );
+    }
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_spans").await,
+        2000
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT coalesce(max(attempt), 0)::int8 FROM gd_instances"
+        )
+        .await,
+        0,
+        "rows a full gate turned back burn no attempt"
+    );
+    a.kill().await;
+    b.kill().await;
+    db.close().await;
+}
+
+#[tokio::test]
+async fn slots_of_a_killed_worker_come_back_within_lease_plus_reaper() {
+    use gen_durable_suite::fsms::{create_span_table, Keyed, KeyedWork};
+    let (db, gd, url) = setup().await;
+    create_span_table(db.pool()).await.unwrap();
+    gd.set_gate("api", gen_durable::Gate::new(2)).await.unwrap();
+    // Two long steps take both slots of the key; a third row waits for one.
+    let long = |ms| {
+        gen_durable::Entry::<Keyed>::new(KeyedWork {
+            key: "k".into(),
+            ms,
+        })
+        .gate(("api", "k"))
+    };
+    let held = gd
+        .insert_all::<Keyed>([long(600_000), long(600_000)])
+        .await
+        .unwrap();
+    let a = Worker::start(&url, "slots-a", FAST, None).await;
+    eventually(20, "both slots held", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'executing' AND gate = 'api'",
+        )
+        .await
+            == 2
+    })
+    .await;
+    let waiting = gd.insert_all::<Keyed>([long(0)]).await.unwrap()[0];
+    let b = Worker::start(&url, "slots-b", FAST, None).await;
+    // Nothing frees a slot while the holder lives: the third row stays runnable.
+    let explained = gd.explain(waiting).await.unwrap().to_string();
+    assert_eq!(status(db.pool(), waiting).await, "runnable", "{explained}");
+    // Speed the re-runs up: the stored state is what the next attempt sees.
+    sqlx::query(r#"UPDATE gd_instances SET state = '{"key": "k", "ms": 0}' WHERE id = ANY($1)"#)
+        .bind(&held)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let killed = Instant::now();
+    a.kill().await;
+    eventually(20, "the waiting row ran", || async {
+        status(db.pool(), waiting).await == "done"
+    })
+    .await;
+    let back = killed.elapsed();
+    // Lease 1 s + reaper every 100 ms, plus a pick: well under 5 s.
+    assert!(back < Duration::from_secs(5), "slots back after {back:?}");
+    eventually(20, "the reaped rows ran again", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+        )
+        .await
+            == 3
+    })
+    .await;
+    let overlap = max_overlap_per_key(&db).await;
+    assert!(overlap.iter().all(|(_, n)| *n <= 2), "{overlap:?}");
+    b.kill().await;
+    db.close().await;
+}
+
 #[tokio::test]
 async fn a_fan_out_of_a_thousand_survives_kills_during_the_spawn_commit_and_the_fan_in() {
     use gen_durable_suite::fsms::{Fan, FanParent};

@@ -40,8 +40,10 @@ pub struct Instance {
     pub queue: String,
     /// Priority (lower first).
     pub priority: i16,
-    /// Partition key.
+    /// Partition key: a K = 1 key, or the key within `gate`.
     pub partition_key: Option<String>,
+    /// The gate `partition_key` is a key of.
+    pub gate: Option<String>,
     /// Unique key.
     pub unique_key: Option<String>,
     /// Parent, for a child.
@@ -76,7 +78,7 @@ impl Instance {
     pub async fn load(pool: &PgPool, id: i64) -> sqlx::Result<Option<Instance>> {
         let Some(row) = sqlx::query(
             "SELECT id, fsm, fsm_version, step, status::text AS status, state, result, last_error, attempt, awaits,
-                    await_deadline, eligible_at, queue, priority, partition_key, unique_key,
+                    await_deadline, eligible_at, queue, priority, partition_key, gate, unique_key,
                     parent_id, children_pending
                FROM gd_instances WHERE id = $1",
         )
@@ -123,6 +125,7 @@ impl Instance {
             queue: row.try_get("queue")?,
             priority: row.try_get("priority")?,
             partition_key: row.try_get("partition_key")?,
+            gate: row.try_get("gate")?,
             unique_key: row.try_get("unique_key")?,
             parent_id: row.try_get("parent_id")?,
             children_pending: row.try_get("children_pending")?,

@@ -7,8 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
-    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, MigrateOptions, Migration,
-    MigrationReport, OutcomeKind, QueuePause, Registry, Result, Schedule, Settled, Status, Target,
+    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, Gate, MigrateOptions,
+    Migration, MigrationReport, OutcomeKind, QueuePause, Registry, Result, Schedule, Settled,
+    Status, Target,
 };
 use gen_durable::{ExplainFacts, Explanation};
 use serde_json::Value;
@@ -81,6 +82,23 @@ impl TestKit {
     pub fn with_registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
         self
+    }
+
+    /// Declares gate `name`, as `EngineBuilder::concurrency_limit` does (panics on a
+    /// name or limit `start` would refuse).
+    pub fn with_concurrency_limit(mut self, name: &str, gate: Gate) -> Self {
+        gate.check(name).expect("a valid gate");
+        self.store.set_gate(name, gate.limit());
+        self
+    }
+
+    /// Declares gate `name` or changes its limit, like `Client::set_gate`: true if
+    /// written. The next pick uses the new limit.
+    pub fn set_gate(&mut self, name: &str, gate: Gate) -> Ready<Result<bool>> {
+        ready(
+            gate.check(name)
+                .map(|()| self.store.set_gate(name, gate.limit())),
+        )
     }
 
     /// Registers FSM `F` (needed for FSMs only reached as children, when not linked).
@@ -171,7 +189,8 @@ impl TestKit {
         let rows = entries
             .into_iter()
             .map(Entry::into_new_instance)
-            .collect::<Result<Vec<_>>>();
+            .collect::<Result<Vec<_>>>()
+            .and_then(|rows| self.check_gates(&rows).map(|()| rows));
         ready(rows.map(|rows| self.insert_rows(rows)))
     }
 
@@ -196,6 +215,18 @@ impl TestKit {
             .into_iter()
             .map(|(id, _)| id)
             .collect()
+    }
+
+    /// `Error::UnknownGate` for the first row naming an undeclared gate, as the foreign
+    /// key to `gd_gates` refuses it: nothing is written.
+    fn check_gates(&self, rows: &[NewInstance]) -> Result<()> {
+        match self
+            .store
+            .unknown_gate(rows.iter().filter_map(|r| r.gate.as_deref()))
+        {
+            Some(name) => Err(Error::UnknownGate { name }),
+            None => Ok(()),
+        }
     }
 
     /// Inserts the due fire times of every schedule (see [`TestKit::schedule`]).
@@ -235,6 +266,7 @@ impl TestKit {
     }
 
     pub(crate) fn insert_one(&mut self, row: NewInstance) -> Result<i64> {
+        self.check_gates(std::slice::from_ref(&row))?;
         let key = row.unique_key.clone();
         let id = self.insert_rows(vec![row]).first().copied();
         gen_durable::inserted(id, key.as_deref())

@@ -41,6 +41,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `dashboard`: the web dashboard's own reads (`gen_durable --features dashboard`).
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
+    "gate",
     "fence",
     "apply",
     "insert",

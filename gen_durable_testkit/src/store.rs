@@ -37,6 +37,8 @@ pub(crate) struct Row {
     pub(crate) queue: String,
     pub(crate) priority: i16,
     pub(crate) partition_key: Option<String>,
+    /// The gate `partition_key` is a key of (`None`: a K = 1 key).
+    pub(crate) gate: Option<String>,
     pub(crate) eligible_at: DateTime<Utc>,
     pub(crate) attempt: i32,
     pub(crate) last_error: Option<String>,
@@ -98,6 +100,8 @@ pub(crate) struct Store {
     last_signal: i64,
     /// `gd_queue_pauses`: the paused queues, by name.
     paused: BTreeMap<String, QueuePause>,
+    /// `gd_gates`: each declared gate's limit K.
+    gates: BTreeMap<String, u32>,
 }
 
 /// Whether the kit claims rows of `(fsm, version)`: the pick's filter of the engine
@@ -174,6 +178,7 @@ impl Store {
             queue: r.queue.clone(),
             priority: r.priority,
             partition_key: r.partition_key.clone(),
+            gate: r.gate.clone(),
             unique_key: r.unique_key.clone(),
             parent_id: r.parent_id,
             children_pending: r.children_pending,
@@ -231,6 +236,7 @@ impl Store {
                     queue: new.queue,
                     priority: new.priority,
                     partition_key: new.partition_key,
+                    gate: new.gate,
                     eligible_at,
                     attempt: 0,
                     last_error: None,
@@ -342,15 +348,51 @@ impl Store {
             .filter(|r| r.status == Status::Runnable && r.eligible_at <= now)
             .filter(|r| !self.paused.contains_key(&r.queue))
             .filter(|r| runs(registry, &r.fsm, r.version))
-            .filter(|r| {
-                r.partition_key.as_ref().is_none_or(|k| {
-                    !self.rows.values().any(|e| {
-                        e.status == Status::Executing && e.partition_key.as_ref() == Some(k)
-                    })
-                })
-            })
+            .filter(|r| self.admits(r))
             .min_by_key(|r| (r.priority, r.eligible_at, r.id))
             .map(|r| r.id)
+    }
+
+    /// Whether `r`'s concurrency key lets it run now: a K = 1 key with no executing
+    /// (ungated) row, or a gate key with fewer executing rows than its gate's K.
+    pub(crate) fn admits(&self, r: &Row) -> bool {
+        let Some(key) = r.partition_key.as_ref() else {
+            return true;
+        };
+        let running = |gate: Option<&String>| {
+            self.rows
+                .values()
+                .filter(|e| {
+                    e.status == Status::Executing
+                        && e.partition_key.as_ref() == Some(key)
+                        && e.gate.as_ref() == gate
+                })
+                .count()
+        };
+        match r.gate.as_ref() {
+            None => running(None) == 0,
+            Some(g) => running(Some(g)) < self.gate(g).unwrap_or(0) as usize,
+        }
+    }
+
+    /// The limit of gate `name`, if declared.
+    pub(crate) fn gate(&self, name: &str) -> Option<u32> {
+        self.gates.get(name).copied()
+    }
+
+    /// DECLARE: adds gate `name` or changes its limit; true if written.
+    pub(crate) fn set_gate(&mut self, name: &str, size: u32) -> bool {
+        self.gates.insert(name.to_string(), size) != Some(size)
+    }
+
+    /// The foreign key to `gd_gates`: the first gate of `rows` that is not declared.
+    pub(crate) fn unknown_gate<'a>(
+        &self,
+        mut gates: impl Iterator<Item = &'a str>,
+    ) -> Option<String> {
+        gates
+            .find(|g| !self.gates.contains_key(*g))
+            .map(str::to_string)
     }
 
     /// Runnable, eligible rows no registered FSM can run, nor any migration move: the

@@ -24,6 +24,7 @@ use crate::engine::timeouts::Timeouts;
 use crate::engine::{Engine, QueueConfig};
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::gate::Gate;
 use crate::instance_migration::Migration;
 use crate::notify::Notifier;
 use crate::pooler::Pooler;
@@ -41,6 +42,7 @@ impl EngineBuilder {
             registry: Registry::linked(),
             telemetry: Telemetry::default(),
             schedules: Vec::new(),
+            gates: Vec::new(),
         }
     }
 }
@@ -56,6 +58,7 @@ pub struct EngineBuilder {
     registry: Registry,
     telemetry: Telemetry,
     schedules: Vec<Schedule>,
+    gates: Vec<(String, Gate)>,
 }
 
 impl EngineBuilder {
@@ -132,6 +135,15 @@ impl EngineBuilder {
     /// Two schedules of one name are refused at `start`.
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedules.push(schedule);
+        self
+    }
+
+    /// Declares gate `name`: at most `gate.limit()` steps of each of its keys run at once,
+    /// across every node (see [`Gate`]). Written to the database at `start` (the last
+    /// node to start with a different limit sets it; every node's next pick uses it).
+    /// A name declared twice, or a limit out of range, is refused at `start`.
+    pub fn concurrency_limit(mut self, name: impl Into<String>, gate: Gate) -> Self {
+        self.gates.push((name.into(), gate));
         self
     }
 
@@ -224,8 +236,16 @@ impl EngineBuilder {
             registry,
             telemetry,
             schedules,
+            gates,
         } = self;
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
+        if !gates.is_empty() {
+            let gates: Vec<(String, i32)> = gates
+                .into_iter()
+                .map(|(name, g)| (name, g.limit() as i32))
+                .collect();
+            crate::store::pg::gate::declare(db.exec(), &gates, db.now()).await?;
+        }
         let (names, versions) = registry.name_version_arrays();
         let claims = Arc::new(Claims::default());
         let tracker = TaskTracker::new();
@@ -382,6 +402,15 @@ impl EngineBuilder {
                 return Err(Error::InvalidConfig(format!(
                     "schedule {:?} is declared twice",
                     s.name()
+                )));
+            }
+        }
+        let mut gates = HashSet::new();
+        for (name, gate) in &self.gates {
+            gate.check(name)?;
+            if !gates.insert(name.as_str()) {
+                return Err(Error::InvalidConfig(format!(
+                    "gate {name:?} is declared twice"
                 )));
             }
         }

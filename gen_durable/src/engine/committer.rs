@@ -300,6 +300,8 @@ pub(crate) fn isolable(err: &Error) -> bool {
             )
         }
         Error::Database(sqlx::Error::Encode(_)) => true,
+        // A child naming an undeclared gate (the foreign key, class 23, typed).
+        Error::UnknownGate { .. } => true,
         _ => false,
     }
 }

@@ -305,6 +305,7 @@ impl Queue {
         });
         if let Some(first) = rows.first() {
             self.contended(&first.contended.0);
+            self.throttled(&rows, &first.contended.0);
         }
         for r in &rows {
             self.shared.claims.hold(r.id, r.lease_epoch);
@@ -356,7 +357,7 @@ impl Queue {
     /// per key, naming its first row.
     fn contended(&self, rows: &[claim::Contended]) {
         let mut by_key: Vec<(&claim::Contended, usize)> = Vec::new();
-        for r in rows {
+        for r in rows.iter().filter(|r| r.gate.is_none()) {
             match by_key
                 .iter_mut()
                 .find(|(first, _)| first.partition_key == r.partition_key)
@@ -371,6 +372,39 @@ impl Queue {
                 id: first.id,
                 fsm: first.fsm.clone(),
                 partition_key: first.partition_key.clone(),
+            });
+        }
+    }
+
+    /// Reports gate keys whose rows a pick handed back for want of slots: one event per
+    /// key, with the rows it wanted and the rows it claimed.
+    fn throttled(&self, claimed: &[claim::Claimed], back: &[claim::Contended]) {
+        let mut by_key: Vec<(&str, &str, usize)> = Vec::new();
+        for r in back {
+            let Some(gate) = r.gate.as_deref() else {
+                continue;
+            };
+            match by_key
+                .iter_mut()
+                .find(|(g, k, _)| *g == gate && *k == r.partition_key)
+            {
+                Some((_, _, n)) => *n += 1,
+                None => by_key.push((gate, &r.partition_key, 1)),
+            }
+        }
+        for (gate, key, back) in by_key {
+            let admitted = claimed
+                .iter()
+                .filter(|c| {
+                    c.gate.as_deref() == Some(gate) && c.partition_key.as_deref() == Some(key)
+                })
+                .count();
+            self.shared.telemetry.emit(Event::GateThrottled {
+                wanted: admitted + back,
+                admitted,
+                gate: gate.to_string(),
+                key: key.to_string(),
+                queue: self.name.to_string(),
             });
         }
     }
@@ -400,9 +434,13 @@ async fn in_flight(claiming: &mut Option<Claiming>) -> (usize, Result<Vec<claim:
     claiming.as_mut().expect("a claim").await
 }
 
-/// The key in Postgres' unique-violation detail, `Key (partition_key)=(acct:1) already exists.`
+/// The key in Postgres' unique-violation detail, `Key (partition_key)=(acct:1) already
+/// exists.` (a K = 1 key), or `Key (gate, partition_key, gate_slot)=(stripe, acme, 2)
+/// already exists.` (a gate's slot, named `stripe, acme, 2`).
 fn partition_key_of(detail: &str) -> Option<String> {
-    let rest = detail.strip_prefix("Key (partition_key)=(")?;
+    let rest = detail
+        .strip_prefix("Key (partition_key)=(")
+        .or_else(|| detail.strip_prefix("Key (gate, partition_key, gate_slot)=("))?;
     let end = rest.rfind(") already exists")?;
     Some(rest[..end].to_string())
 }

@@ -92,6 +92,8 @@ pub trait Backend {
     async fn retry(&mut self, id: i64) -> Result<()>;
     /// `Client::restart` / `TestKit::restart`.
     async fn restart(&mut self, id: i64, step: &str) -> Result<()>;
+    /// `set_gate`: true if the gate is new or its limit changed.
+    async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool>;
     /// `pause_queue`: true if newly paused.
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool>;
     /// `resume_queue`: true if it was paused.
@@ -239,6 +241,9 @@ impl Backend for Kit {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.kit.restart(id, step).await
+    }
+    async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
+        self.kit.set_gate(name, gate).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.kit.pause_queue(queue, reason).await
@@ -475,6 +480,9 @@ impl Backend for Pg {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.client.restart(id, step).await
+    }
+    async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
+        self.client.set_gate(name, gate).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.client.pause_queue(queue, reason).await

@@ -63,21 +63,27 @@ impl Store {
                 status: c.status,
             })
             .collect();
-        let holder = r.partition_key.as_ref().and_then(|k| {
-            self.rows
-                .values()
-                .find(|e| {
-                    e.id != id
-                        && e.status == Status::Executing
-                        && e.partition_key.as_ref() == Some(k)
-                })
-                .map(|e| Holder {
-                    id: e.id,
-                    step: e.step.clone(),
-                    node: Some(KIT_NODE.to_string()),
-                    lease_until: e.claimed_at.map(|t| after(t, KIT_LEASE)),
-                })
-        });
+        // A K = 1 key's holder; a gate key has K slots, not one holder.
+        let holder = r
+            .partition_key
+            .as_ref()
+            .filter(|_| r.gate.is_none())
+            .and_then(|k| {
+                self.rows
+                    .values()
+                    .find(|e| {
+                        e.id != id
+                            && e.status == Status::Executing
+                            && e.gate.is_none()
+                            && e.partition_key.as_ref() == Some(k)
+                    })
+                    .map(|e| Holder {
+                        id: e.id,
+                        step: e.step.clone(),
+                        node: Some(KIT_NODE.to_string()),
+                        lease_until: e.claimed_at.map(|t| after(t, KIT_LEASE)),
+                    })
+            });
         let ahead = self
             .rows
             .values()

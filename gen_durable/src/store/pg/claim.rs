@@ -28,14 +28,31 @@ use crate::error::Result;
 ///   is claimed (`chosen`); the others are handed back at once, untouched (no attempt
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
+/// - Gates (migration 0011): a gated row (`gate` set; its key in `partition_key`) is
+///   skipped before the `LIMIT` when its key already has K executing rows (`full_gates`:
+///   one pass over the executing gated rows, through their partial index; empty and free
+///   when nothing gated runs), so a full gate takes no place in the batch. Of the rest,
+///   the first `room` rows per key (K minus its executing rows) are claimed, each into a
+///   free slot below K (`free`, numbered from an offset that depends on the node, so two
+///   nodes claiming one key at once mostly pick different slots). The unique index over
+///   (gate, key, slot) of executing rows is the guarantee: two claims that chose one
+///   slot cannot both commit (the loser fails on it and retries, as on a K = 1 key).
+///   Rows beyond the room are handed back untouched, in `contended` with their gate.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
 /// - A queue an operator paused (`gd_queue_pauses`, `Client::pause_queue`) gives nothing.
 ///   The `NOT EXISTS` does not reference `i`, so it is planned once per statement as an
 ///   InitPlan (one primary-key probe) and a one-time filter above the pick's index scan:
 ///   the scan is not even started for a paused queue, and is unchanged for any other.
 pub(super) const CLAIM: &str = r#"/* gd:claim */
-WITH picked AS MATERIALIZED (
-    SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
+WITH full_gates AS MATERIALIZED (
+    SELECT e.gate, e.partition_key
+      FROM gd_instances e
+      JOIN gd_gates g ON g.name = e.gate
+     WHERE e.status = 'executing' AND e.gate IS NOT NULL
+     GROUP BY e.gate, e.partition_key, g.size
+    HAVING count(*) >= g.size
+), picked AS MATERIALIZED (
+    SELECT i.id, i.fsm, i.partition_key, i.gate, i.priority, i.eligible_at
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
@@ -43,29 +60,51 @@ WITH picked AS MATERIALIZED (
        AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
        AND NOT EXISTS (SELECT 1 FROM gd_instances e
-                        WHERE e.partition_key = i.partition_key AND e.status = 'executing')
+                        WHERE e.partition_key = i.partition_key AND e.status = 'executing'
+                          AND e.gate IS NULL AND i.gate IS NULL)
+       AND NOT EXISTS (SELECT 1 FROM full_gates f
+                        WHERE f.gate = i.gate AND f.partition_key = i.partition_key)
      ORDER BY i.priority, i.eligible_at, i.id
      LIMIT $4
        FOR NO KEY UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT id, partition_key, gate,
+           row_number() OVER (PARTITION BY gate, partition_key
+                              ORDER BY priority, eligible_at, id) AS rn
+      FROM picked
+), free AS (
+    SELECT k.gate, k.partition_key, f.slot, g.size - u.n AS room,
+           row_number() OVER (PARTITION BY k.gate, k.partition_key
+                              ORDER BY (f.slot + abs(hashtext($5)::int8)) % g.size) AS rn
+      FROM (SELECT DISTINCT gate, partition_key FROM picked WHERE gate IS NOT NULL) k
+      JOIN gd_gates g ON g.name = k.gate
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM gd_instances e
+                          WHERE e.status = 'executing' AND e.gate = k.gate
+                            AND e.partition_key = k.partition_key) u
+     CROSS JOIN LATERAL (SELECT s.slot::int2 AS slot FROM generate_series(0, g.size - 1) s(slot)
+                         EXCEPT ALL
+                         SELECT e.gate_slot FROM gd_instances e
+                          WHERE e.status = 'executing' AND e.gate = k.gate
+                            AND e.partition_key = k.partition_key) f
 ), chosen AS (
-    SELECT id FROM (
-        SELECT id, partition_key,
-               row_number() OVER (PARTITION BY partition_key
-                                  ORDER BY priority, eligible_at, id) AS rn
-          FROM picked) r
-     WHERE partition_key IS NULL OR rn = 1
+    SELECT r.id, f.slot
+      FROM ranked r
+      LEFT JOIN free f ON f.gate = r.gate AND f.partition_key = r.partition_key
+                      AND f.rn = r.rn AND f.rn <= f.room
+     WHERE CASE WHEN r.gate IS NULL THEN r.partition_key IS NULL OR r.rn = 1
+                ELSE f.slot IS NOT NULL END
 ), claimed AS (
     UPDATE gd_instances i
        SET status = 'executing', locked_by = $5, lease_epoch = i.lease_epoch + 1,
            lease_expires_at = coalesce($7, now()) + $6 * interval '1 millisecond',
-           updated_at = coalesce($7, now())
+           updated_at = coalesce($7, now()), gate_slot = c.slot
       FROM chosen c
      WHERE i.id = c.id
     RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
-              i.partition_key IS NOT NULL AS partitioned
+              i.partition_key IS NOT NULL AS partitioned, i.partition_key, i.gate
 )
 SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
-       c.partitioned,
+       c.partitioned, c.partition_key, c.gate,
        (SELECT coalesce(json_agg(json_build_object(
                    'id', s.id, 'name', s.name, 'payload', s.payload,
                    'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
@@ -75,7 +114,8 @@ SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease
                    'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
           FROM gd_instances ch WHERE ch.parent_id = c.id) AS children,
        (SELECT coalesce(json_agg(json_build_object(
-                   'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key) ORDER BY p.id), '[]')
+                   'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key, 'gate', p.gate)
+                   ORDER BY p.id), '[]')
           FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id)) AS contended,
        coalesce($7, now()) AS now
   FROM claimed c
@@ -95,6 +135,10 @@ pub(crate) struct Claimed {
     pub(crate) lease_epoch: i64,
     /// It has a partition key: when its step ends, the key's next row may run.
     pub(crate) partitioned: bool,
+    /// Its partition key (a K = 1 key, or its key within `gate`).
+    pub(crate) partition_key: Option<String>,
+    /// Its gate.
+    pub(crate) gate: Option<String>,
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) children: Json<Vec<ChildInfo>>,
     /// Rows this pick locked but handed back because an earlier row of the batch has the
@@ -109,6 +153,9 @@ pub(crate) struct Contended {
     pub(crate) id: i64,
     pub(crate) fsm: String,
     pub(crate) partition_key: String,
+    /// Its gate, when a full gate key (not a K = 1 one) turned it back.
+    #[serde(default)]
+    pub(crate) gate: Option<String>,
 }
 
 /// What the claim needs to know.

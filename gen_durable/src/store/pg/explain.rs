@@ -71,7 +71,7 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue, i.status::text AS status, i.step, i.
                                       'lease_until', e.lease_expires_at)
               FROM gd_instances e
              WHERE e.partition_key = i.partition_key AND e.status = 'executing'
-               AND e.id <> i.id) END AS holder,
+               AND e.gate IS NULL AND i.gate IS NULL AND e.id <> i.id) END AS holder,
        (SELECT coalesce(array_agg(node_id ORDER BY node_id), '{}') FROM live) AS live_nodes,
        (SELECT coalesce(array_agg(node_id ORDER BY node_id), '{}') FROM live
          WHERE i.queue = ANY (queues)) AS nodes_on_queue,

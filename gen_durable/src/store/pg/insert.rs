@@ -22,19 +22,20 @@ WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::int2[],
                 $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::int8[], $12::int4[],
-                $14::int8[])
+                $14::int8[], $16::text[])
          WITH ORDINALITY AS t(fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, delay_ms, max_reaps,
-                              parent_id, ord)
+                              parent_id, gate, ord)
 ), ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps, parent_id,
-                              inserted_at, updated_at)
+                              inserted_at, updated_at, gate)
     SELECT fsm, fsm_version, step, state, queue, priority, partition_key, unique_key,
            string_to_array(unique_scope, ',')::gd_status[],
            coalesce(eligible_at,
                     coalesce($13, statement_timestamp()) + coalesce(delay_ms, 0) * interval '1 millisecond'),
-           max_reaps, parent_id, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp())
+           max_reaps, parent_id, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()),
+           gate
     FROM input
     ORDER BY unique_key NULLS LAST, ord
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
@@ -84,6 +85,7 @@ pub(crate) async fn insert_with_parents<'e>(
     let mut eligible = Vec::with_capacity(n);
     let mut delay = Vec::with_capacity(n);
     let mut max_reaps = Vec::with_capacity(n);
+    let mut gate = Vec::with_capacity(n);
     for r in rows {
         fsm.push(r.fsm.as_str());
         version.push(r.version);
@@ -101,6 +103,7 @@ pub(crate) async fn insert_with_parents<'e>(
         eligible.push(r.eligible_at);
         delay.push(r.delay.map(millis));
         max_reaps.push(r.max_reaps);
+        gate.push(r.gate.as_deref());
     }
     let (ids, parent_ids): (Vec<i64>, Vec<Option<i64>>) = sqlx::query_as(INSERT)
         .bind(fsm)
@@ -118,8 +121,10 @@ pub(crate) async fn insert_with_parents<'e>(
         .bind(now)
         .bind(parents)
         .bind(notify)
+        .bind(gate)
         .fetch_one(db)
-        .await?;
+        .await
+        .map_err(gate_error)?;
     Ok((ids, parent_ids))
 }
 
@@ -130,10 +135,10 @@ pub(super) const INSERT_ONE: &str = r#"/* gd:insert */
 WITH ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps,
-                              inserted_at, updated_at)
+                              inserted_at, updated_at, gate)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, string_to_array($9, ',')::gd_status[],
             coalesce($10, coalesce($13, statement_timestamp()) + coalesce($11, 0) * interval '1 millisecond'),
-            $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()))
+            $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()), $15)
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
     RETURNING id, queue, eligible_at
 )
@@ -170,7 +175,27 @@ pub(crate) async fn insert_one<'e>(
         .bind(r.max_reaps)
         .bind(now)
         .bind(notify)
+        .bind(r.gate.as_deref())
         .fetch_optional(db)
-        .await?;
+        .await
+        .map_err(gate_error)?;
     Ok(row.map(|(id, _)| id))
+}
+
+/// An insert that named an undeclared gate fails on the foreign key to `gd_gates`
+/// (migration 0011): that is `Error::UnknownGate`, with the gate from the error's detail,
+/// `Key (gate)=(stripe) is not present in table "gd_gates".`
+pub(crate) fn gate_error(e: sqlx::Error) -> crate::Error {
+    if let sqlx::Error::Database(db) = &e {
+        if db.constraint() == Some("gd_instances_gate_fk") {
+            let name = db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .and_then(|e| e.detail())
+                .and_then(|d| d.strip_prefix("Key (gate)=("))
+                .and_then(|d| d.rfind(") is not present").map(|end| d[..end].to_string()))
+                .unwrap_or_default();
+            return crate::Error::UnknownGate { name };
+        }
+    }
+    crate::Error::Database(e)
 }

@@ -32,6 +32,7 @@ pub(crate) mod control;
 #[cfg(feature = "dashboard")]
 pub(crate) mod dashboard;
 pub(crate) mod explain;
+pub(crate) mod gate;
 pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod migration;
@@ -72,12 +73,12 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
         ("release", "int8[], int8[], text, timestamptz", lease::RELEASE),
         (
             "insert_one",
-            "text, int4, text, jsonb, text, int2, text, text, text, timestamptz, int8, int4, timestamptz, bool",
+            "text, int4, text, jsonb, text, int2, text, text, text, timestamptz, int8, int4, timestamptz, bool, text",
             insert::INSERT_ONE,
         ),
         (
             "insert",
-            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[]",
+            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[], text[]",
             insert::INSERT,
         ),
         ("gc", "int8, int8, timestamptz", admin::GC),
@@ -87,13 +88,14 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 14] = [
+    const SOURCES: [(&str, &str); 15] = [
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
         ("bulk.rs", include_str!("bulk.rs")),
         ("claim.rs", include_str!("claim.rs")),
         ("control.rs", include_str!("control.rs")),
         ("explain.rs", include_str!("explain.rs")),
+        ("gate.rs", include_str!("gate.rs")),
         ("insert.rs", include_str!("insert.rs")),
         ("lease.rs", include_str!("lease.rs")),
         ("migration.rs", include_str!("migration.rs")),

@@ -1,0 +1,202 @@
+//! Concurrency gates: at most K steps of one key running at once, across every node.
+//!
+//! A gate is declared by name with its limit ([`crate::EngineBuilder::concurrency_limit`],
+//! [`crate::Client::set_gate`]) and stored in `gd_gates`; a row joins one of its keys with
+//! the insert option `gate((name, key))`. The name is always explicit: a key never joins
+//! a gate because of how it is spelled, and a `partition_key` is a K = 1 key whatever
+//! gates exist. Each full key (`("stripe", "acme")`, `("stripe", "beta")`) has its own
+//! K slots; one global semaphore is one key (`GateKey::global("smtp")`).
+//!
+//! The database enforces the limit: a claimed row holds a slot below K, and a unique
+//! index over the executing rows' (gate, key, slot) makes a second holder impossible to
+//! commit. Changing K takes effect at the next pick of every node. After a decrease, rows
+//! admitted under the old limit finish their step; no new row is admitted until fewer
+//! than the new K run, and the key's running rows never exceed the larger of the two.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::store::pg;
+use crate::{validate, Client};
+
+/// The largest limit a gate can have (its slots are a `smallint`).
+pub const MAX_GATE_SIZE: u32 = 32_767;
+
+/// A gate's configuration: how many steps of one key may run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    size: u32,
+}
+
+impl Gate {
+    /// At most `limit` steps of one key at once (1 ..= [`MAX_GATE_SIZE`]; checked when
+    /// the gate is declared).
+    pub fn new(limit: u32) -> Self {
+        Gate { size: limit }
+    }
+
+    /// The limit K.
+    pub fn limit(&self) -> u32 {
+        self.size
+    }
+
+    /// Checks gate `name` with this limit as `start` and `Client::set_gate` do: a name of
+    /// 1 to 255 bytes without NUL, a limit in range (`Error::InvalidConfig`).
+    pub fn check(&self, name: &str) -> Result<()> {
+        gate_name(name)?;
+        if self.size == 0 || self.size > MAX_GATE_SIZE {
+            return Err(Error::InvalidConfig(format!(
+                "gate {name:?}: the limit must be between 1 and {MAX_GATE_SIZE}, got {}",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The full key a row runs under in a gate: the gate's name and the key within it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GateKey {
+    pub(crate) name: String,
+    pub(crate) key: String,
+}
+
+impl GateKey {
+    /// Key `key` of gate `name`: its own K slots.
+    pub fn new(name: impl Into<String>, key: impl Into<String>) -> Self {
+        GateKey {
+            name: name.into(),
+            key: key.into(),
+        }
+    }
+
+    /// The one key of gate `name` (the empty key): K slots for everything in it.
+    pub fn global(name: impl Into<String>) -> Self {
+        GateKey::new(name, "")
+    }
+
+    /// The gate's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key within the gate.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl fmt::Display for GateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.name, self.key)
+    }
+}
+
+impl<N: Into<String>, K: Into<String>> From<(N, K)> for GateKey {
+    fn from((name, key): (N, K)) -> Self {
+        GateKey::new(name, key)
+    }
+}
+
+/// A row's concurrency key: a K = 1 partition key, or a key of a gate. (Public only for
+/// the insert-option setters that macros expand in other crates.)
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConcurrencyKey {
+    /// A K = 1 key.
+    Partition(String),
+    /// A key of a gate.
+    Gate(GateKey),
+}
+
+impl ConcurrencyKey {
+    /// As stored: (`partition_key`, `gate`).
+    pub(crate) fn columns(&self) -> (String, Option<String>) {
+        match self {
+            ConcurrencyKey::Partition(k) => (k.clone(), None),
+            ConcurrencyKey::Gate(g) => (g.key.clone(), Some(g.name.clone())),
+        }
+    }
+}
+
+/// One key of a gate in use, or a declared gate with no key in use (`key` None), as
+/// [`Client::gates`] and `gen_durable status` show them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GateUse {
+    /// The gate.
+    pub name: String,
+    /// Its limit K.
+    pub limit: u32,
+    /// The key.
+    pub key: Option<String>,
+    /// Rows of the key executing now (claimed, buffered or running), holding slots.
+    pub running: i64,
+    /// Runnable rows of the key waiting (due or not).
+    pub waiting: i64,
+}
+
+impl Client {
+    /// Declares gate `name` with `gate`'s limit, or changes its limit (see [`Gate`] for
+    /// what a change does to rows already running). Returns true if it was written (new
+    /// or changed). Lets a client insert into a gate before any engine declared it.
+    pub async fn set_gate(&self, name: &str, gate: Gate) -> Result<bool> {
+        gate.check(name)?;
+        let gates = [(name.to_string(), gate.size as i32)];
+        let db = self.pooler().pool(self.pool());
+        Ok(pg::gate::declare(db, &gates, self.clock().now_param()).await? > 0)
+    }
+
+    /// Every declared gate with its keys in use, busiest first.
+    pub async fn gates(&self) -> Result<Vec<GateUse>> {
+        let rows = pg::gate::usage(self.pooler().pool(self.pool())).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| GateUse {
+                name: r.name,
+                limit: r.size as u32,
+                key: r.key,
+                running: r.running,
+                waiting: r.waiting,
+            })
+            .collect())
+    }
+}
+
+/// A gate name: 1 to 255 bytes, no NUL.
+pub(crate) fn gate_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(Error::InvalidInput {
+            what: "gate name",
+            reason: format!("must be 1 to 255 bytes, got {}", name.len()),
+        });
+    }
+    validate::text("gate name", name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_out_of_range_are_refused_with_the_gate_named() {
+        assert!(Gate::new(1).check("g").is_ok());
+        assert!(Gate::new(MAX_GATE_SIZE).check("g").is_ok());
+        let e = Gate::new(0).check("stripe").unwrap_err().to_string();
+        assert!(
+            e.contains("\"stripe\"") && e.contains("between 1 and"),
+            "{e}"
+        );
+        assert!(Gate::new(MAX_GATE_SIZE + 1).check("g").is_err());
+        assert!(Gate::new(3).check("").is_err());
+    }
+
+    #[test]
+    fn a_tuple_names_the_gate_then_the_key() {
+        let k: GateKey = ("stripe", String::from("acme")).into();
+        assert_eq!((k.name(), k.key()), ("stripe", "acme"));
+        assert_eq!(GateKey::global("smtp").key(), "");
+        assert_eq!(k.to_string(), "stripe[acme]");
+    }
+}
