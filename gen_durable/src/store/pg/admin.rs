@@ -43,7 +43,8 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regclass('gd_queue_pauses') IS NULL THEN 'gd_queue_pauses'
             WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
                               WHERE attrelid = to_regclass('gd_nodes') AND attname = 'steps'
-                                AND NOT attisdropped) THEN 'gd_nodes.steps' END AS missing,
+                                AND NOT attisdropped) THEN 'gd_nodes.steps'
+            WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

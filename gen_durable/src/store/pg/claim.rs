@@ -245,6 +245,76 @@ mod tests {
         db.close().await;
     }
 
+    /// Rows of full gate keys are skipped inside the pick, before the `LIMIT`: the pick
+    /// stays an index scan of the pick index that stops a few entries past the batch,
+    /// whatever the backlog holds behind it, and claims a whole batch of other rows.
+    #[tokio::test]
+    async fn full_gate_keys_are_skipped_before_the_limit_and_the_pick_stays_an_index_scan() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        // 50,000 runnable rows; every tenth is gated (5 keys of gate g, K = 2), and each
+        // key already has 2 executing rows: every gated row is held back.
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 2);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q',
+                    CASE WHEN g % 10 = 0 THEN 'g' END,
+                    CASE WHEN g % 10 = 0 THEN 'k' || (g / 10) % 5 END
+               FROM generate_series(1, 50000) g;
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                       status, gate_slot, locked_by)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' || k, 'executing', s, 'n0'
+               FROM generate_series(0, 4) k, generate_series(0, 1) s;
+             ANALYZE gd_instances;",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let explain = format!(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+            CLAIM
+                .replace("$1", "'q'")
+                .replace("$2::text[]", "'{F}'::text[]")
+                .replace("$3::int4[]", "'{1}'::int4[]")
+                .replace("$4", "64")
+                .replace("$5", "'n1'")
+                .replace("$6", "30000")
+                .replace("$7", "NULL::timestamptz")
+        );
+        let plan = plan(&mut conn, &explain).await;
+        let scan = plan
+            .lines()
+            .find(|l| l.contains("Index Scan using gd_instances_pick on gd_instances i"))
+            .unwrap_or_else(|| panic!("no pick index scan:\n{plan}"));
+        let read: i64 = scan
+            .split("actual rows=")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{scan}"));
+        assert!(
+            (64..=80).contains(&read),
+            "the scan stops just past the batch (64 claimed, 1 in 10 skipped): read {read}\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan on gd_instances"), "{plan}");
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let claimed = sqlx::query_as::<_, Claimed>(&CLAIM.replace("$7", "NULL::timestamptz"))
+            .bind("q")
+            .bind(vec!["F".to_string()])
+            .bind(vec![1i32])
+            .bind(64i64)
+            .bind("n1")
+            .bind(30_000i64)
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 64, "a whole batch of ungated rows");
+        assert!(claimed.iter().all(|c| c.gate.is_none()));
+        tx.rollback().await.unwrap();
+        drop(conn);
+        db.close().await;
+    }
+
     /// The plan of `explain`, run in a transaction rolled back after (EXPLAIN ANALYZE
     /// executes the claim).
     async fn plan(conn: &mut sqlx::PgConnection, explain: &str) -> String {
