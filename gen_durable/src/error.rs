@@ -162,6 +162,13 @@ pub enum Error {
         /// The gate named.
         name: String,
     },
+    /// An insert named a rate limit that is not declared (no
+    /// `EngineBuilder::rate_limit` or `Client::set_rate_limit` for it). Nothing was written.
+    #[error("unknown rate limit {name:?}: declare it with EngineBuilder::rate_limit or Client::set_rate_limit; nothing was written")]
+    UnknownRateLimit {
+        /// The limit named.
+        name: String,
+    },
     /// A value given to a builder is out of range; the message says which and why.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

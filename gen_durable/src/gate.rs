@@ -5,7 +5,7 @@
 //! the insert option `gate((name, key))`. The name is always explicit: a key never joins
 //! a gate because of how it is spelled, and a `partition_key` is a K = 1 key whatever
 //! gates exist. Each full key (`("stripe", "acme")`, `("stripe", "beta")`) has its own
-//! K slots; one global semaphore is one key (`GateKey::global("smtp")`).
+//! K slots; one global semaphore is one key (`LimitKey::global("smtp")`).
 //!
 //! The database enforces the limit: a claimed row holds a slot below K, and a unique
 //! index over the executing rows' (gate, key, slot) makes a second holder impossible to
@@ -56,47 +56,61 @@ impl Gate {
     }
 }
 
-/// The full key a row runs under in a gate: the gate's name and the key within it.
+/// The full key a row runs under in a gate or a rate limit: the limit's name and the key
+/// within it. Each full key has its own K slots (a gate) or its own bucket (a rate limit).
+/// A `(name, key)` tuple converts into one; a bare name is its limit's one global key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct GateKey {
+pub struct LimitKey {
     pub(crate) name: String,
     pub(crate) key: String,
 }
 
-impl GateKey {
-    /// Key `key` of gate `name`: its own K slots.
+impl LimitKey {
+    /// Key `key` of limit `name`.
     pub fn new(name: impl Into<String>, key: impl Into<String>) -> Self {
-        GateKey {
+        LimitKey {
             name: name.into(),
             key: key.into(),
         }
     }
 
-    /// The one key of gate `name` (the empty key): K slots for everything in it.
+    /// The one key of limit `name` (the empty key): one gate or bucket for everything in it.
     pub fn global(name: impl Into<String>) -> Self {
-        GateKey::new(name, "")
+        LimitKey::new(name, "")
     }
 
-    /// The gate's name.
+    /// The limit's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The key within the gate.
+    /// The key within the limit.
     pub fn key(&self) -> &str {
         &self.key
     }
 }
 
-impl fmt::Display for GateKey {
+impl fmt::Display for LimitKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}[{}]", self.name, self.key)
     }
 }
 
-impl<N: Into<String>, K: Into<String>> From<(N, K)> for GateKey {
+impl From<&str> for LimitKey {
+    fn from(name: &str) -> Self {
+        LimitKey::global(name)
+    }
+}
+
+impl From<String> for LimitKey {
+    fn from(name: String) -> Self {
+        LimitKey::global(name)
+    }
+}
+
+impl<N: Into<String>, K: Into<String>> From<(N, K)> for LimitKey {
     fn from((name, key): (N, K)) -> Self {
-        GateKey::new(name, key)
+        LimitKey::new(name, key)
     }
 }
 
@@ -108,7 +122,7 @@ pub enum ConcurrencyKey {
     /// A K = 1 key.
     Partition(String),
     /// A key of a gate.
-    Gate(GateKey),
+    Gate(LimitKey),
 }
 
 impl ConcurrencyKey {
@@ -194,9 +208,9 @@ mod tests {
 
     #[test]
     fn a_tuple_names_the_gate_then_the_key() {
-        let k: GateKey = ("stripe", String::from("acme")).into();
+        let k: LimitKey = ("stripe", String::from("acme")).into();
         assert_eq!((k.name(), k.key()), ("stripe", "acme"));
-        assert_eq!(GateKey::global("smtp").key(), "");
+        assert_eq!(LimitKey::global("smtp").key(), "");
         assert_eq!(k.to_string(), "stripe[acme]");
     }
 }

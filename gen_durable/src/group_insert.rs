@@ -236,6 +236,8 @@ mod tests {
             priority: 0,
             partition_key: None,
             gate: None,
+            rate_limit: None,
+            rate_weight: 1.0,
             unique_key: None,
             unique_scope: None,
             eligible_at: None,

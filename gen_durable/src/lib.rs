@@ -87,6 +87,7 @@ mod operator;
 mod options;
 mod pool;
 mod pooler;
+mod rate_limit;
 mod registry;
 #[doc(hidden)]
 pub mod runtime;
@@ -133,7 +134,7 @@ pub use explain::{ExplainFacts, NodeFacts};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
-pub use gate::{Gate, GateKey, GateUse, MAX_GATE_SIZE};
+pub use gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
@@ -144,6 +145,7 @@ pub use operator::{check_queue, check_restart_step, RestartFound};
 pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
+pub use rate_limit::{BucketUse, RateLimit};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert};

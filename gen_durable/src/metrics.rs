@@ -131,6 +131,15 @@ pub fn record(event: &Event) {
             counter!("gen_durable_gate_throttled_total", "gate" => gate.clone())
                 .increment(wanted.saturating_sub(*admitted) as u64);
         }
+        Event::RateLimitThrottled {
+            wanted,
+            admitted,
+            limit,
+            ..
+        } => {
+            counter!("gen_durable_rate_limit_deferred_total", "limit" => limit.clone())
+                .increment(wanted.saturating_sub(*admitted) as u64);
+        }
         Event::InstanceMigrated { fsm, .. } => {
             counter!("gen_durable_migrations_total", "fsm" => *fsm, "result" => "applied")
                 .increment(1);

@@ -15,6 +15,8 @@ pub struct InsertOptions {
     pub(crate) queue: Option<String>,
     pub(crate) priority: i16,
     pub(crate) concurrency: Option<ConcurrencyKey>,
+    pub(crate) rate_limit: Option<crate::LimitKey>,
+    pub(crate) weight: Option<f64>,
     pub(crate) unique_key: Option<String>,
     pub(crate) unique_scope: Option<Vec<Status>>,
     pub(crate) eligible_at: Option<DateTime<Utc>>,
@@ -74,12 +76,25 @@ macro_rules! __insert_options {
         }
         $crate::__insert_option! { $mode
             /// Runs under key `key` of a gate: at most the gate's K steps of that key at
-            /// once, across every node (`("stripe", tenant)`, or `GateKey::global("smtp")`).
+            /// once, across every node (`("stripe", tenant)`, or `LimitKey::global("smtp")`).
             /// The gate must be declared (`EngineBuilder::concurrency_limit`,
             /// `Client::set_gate`): an unknown one is `Error::UnknownGate` and nothing is
             /// written. Replaces a `partition_key` set before.
-            gate(key: impl Into<$crate::GateKey>)
+            gate(key: impl Into<$crate::LimitKey>)
                 => concurrency = Some($crate::__private::ConcurrencyKey::Gate(key.into()));
+        }
+        $crate::__insert_option! { $mode
+            /// Its first step takes tokens from this key of a rate limit (`("stripe",
+            /// tenant)`, or a bare name for the limit's one bucket) each time it runs, and
+            /// waits for them when they are not there. The limit must be declared
+            /// (`EngineBuilder::rate_limit`, `Client::set_rate_limit`): an unknown one is
+            /// `Error::UnknownRateLimit` and nothing is written.
+            rate_limit(key: impl Into<$crate::LimitKey>) => rate_limit = Some(key.into());
+        }
+        $crate::__insert_option! { $mode
+            /// The tokens its rate-limited step takes (default 1): positive, and at most
+            /// the limit's burst (`Error::InvalidInput` otherwise, nothing written).
+            weight(weight: f64) => weight = Some(weight);
         }
         $crate::__insert_option! { $mode
             /// The instance's correlation key: its business name (`"order:42"`), set once.

@@ -197,6 +197,10 @@ pub struct NewInstance {
     pub partition_key: Option<String>,
     /// The gate `partition_key` is a key of (`None`: a K = 1 key).
     pub gate: Option<String>,
+    /// The rate limit its first step takes tokens from, and the key within it.
+    pub rate_limit: Option<(String, String)>,
+    /// The tokens it takes (default 1).
+    pub rate_weight: f64,
     /// Unique key.
     pub unique_key: Option<String>,
     /// Unique scope (resolved: a key always comes with a scope).
@@ -239,6 +243,8 @@ impl NewInstance {
             priority: opts.priority,
             partition_key,
             gate,
+            rate_limit: opts.rate_limit.clone().map(|k| (k.name, k.key)),
+            rate_weight: opts.weight.unwrap_or(1.0),
             unique_scope: opts.resolved_scope(),
             eligible_at: opts.absolute_at(),
             delay: opts.delay(),

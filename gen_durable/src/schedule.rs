@@ -155,6 +155,8 @@ impl Schedule {
                     priority: 0,
                     partition_key: None,
                     gate: None,
+                    rate_limit: None,
+                    rate_weight: 1.0,
                     unique_key: own_key.clone(),
                     unique_scope: own_key.as_ref().map(|_| crate::Status::ALL.to_vec()),
                     eligible_at: None,

@@ -11,6 +11,7 @@
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
 //! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
 //! | `concurrency.throttled` | `wanted, admitted`; `gate, key, queue`: a pick found more rows of a gate key than the key had free slots and handed the rest back untouched (no attempt counted); rows of a key already full are skipped by the pick and not counted |
+//! | `rate_limit.throttled` | `wanted, admitted`; `limit, key, queue`: a pick found rows of a rate-limit key whose tokens were not there yet and deferred them (each reserved its tokens and runs when they are due; no attempt counted) |
 //! | `reaper.reaped` | `count`; `ids` |
 //! | `lease.heartbeat` | `held, extended`; `cancelled` (ids): one heartbeat of a node holding leases |
 //! | `await.timed_out` | `count`: parked rows past their deadline, made runnable by one sweep |
@@ -106,6 +107,19 @@ pub enum Event {
         admitted: usize,
         /// The gate.
         gate: String,
+        /// The key within it.
+        key: String,
+        /// The queue picked.
+        queue: String,
+    },
+    /// A pick deferred rows of a rate-limit key until their reserved tokens are due.
+    RateLimitThrottled {
+        /// Rows of the key in the pick that needed tokens.
+        wanted: usize,
+        /// Of those, rows that had them and run now.
+        admitted: usize,
+        /// The rate limit.
+        limit: String,
         /// The key within it.
         key: String,
         /// The queue picked.
@@ -286,6 +300,15 @@ impl Telemetry {
             } => tracing::debug!(
                 target: "gen_durable::concurrency", wanted, admitted, gate, key, queue,
                 "concurrency.throttled"),
+            Event::RateLimitThrottled {
+                wanted,
+                admitted,
+                limit,
+                key,
+                queue,
+            } => tracing::debug!(
+                target: "gen_durable::rate_limit", wanted, admitted, limit, key, queue,
+                "rate_limit.throttled"),
             Event::ReaperReaped { count, ids } => tracing::warn!(
                 target: "gen_durable::reaper", count, ids = ?ids, "reaper.reaped"),
             Event::LeaseLost {

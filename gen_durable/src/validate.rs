@@ -242,6 +242,11 @@ impl NewInstance {
         if let Some(g) = &self.gate {
             crate::gate::gate_name(g)?;
         }
+        if let Some((name, k)) = &self.rate_limit {
+            crate::gate::gate_name(name)?;
+            key("rate limit key", k)?;
+        }
+        crate::rate_limit::weight(self.rate_weight)?;
         if let Some(k) = &self.unique_key {
             correlation_key(k)?;
         }

@@ -33,6 +33,8 @@ mod model;
 mod operator;
 #[path = "conformance/outcomes.rs"]
 mod outcomes;
+#[path = "conformance/rate_limits.rs"]
+mod rate_limits;
 #[path = "conformance/scheduling.rs"]
 mod scheduling;
 #[path = "conformance/signals.rs"]
@@ -75,6 +77,9 @@ conformance! {
     gates::an_undeclared_gate_is_refused_and_nothing_is_written,
     gates::declaring_a_gate_is_idempotent_and_a_new_limit_replaces_the_old,
     gates::a_gate_key_and_a_partition_key_of_the_same_text_are_different_keys,
+    rate_limits::a_rate_limit_admits_its_burst_then_one_row_per_token,
+    rate_limits::a_replay_of_the_limited_step_pays_again,
+    rate_limits::an_unknown_limit_or_a_weight_above_the_burst_is_refused_and_writes_nothing,
     keys::a_signal_by_key_reaches_its_holder,
     keys::a_key_no_instance_holds_is_key_not_found,
     keys::a_finished_holder_frees_its_key_for_a_new_run,

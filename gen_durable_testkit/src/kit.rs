@@ -8,8 +8,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
     Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, Gate, MigrateOptions,
-    Migration, MigrationReport, OutcomeKind, QueuePause, Registry, Result, Schedule, Settled,
-    Status, Target,
+    Migration, MigrationReport, OutcomeKind, QueuePause, RateLimit, Registry, Result, Schedule,
+    Settled, Status, Target,
 };
 use gen_durable::{ExplainFacts, Explanation};
 use serde_json::Value;
@@ -99,6 +99,15 @@ impl TestKit {
             gate.check(name)
                 .map(|()| self.store.set_gate(name, gate.limit())),
         )
+    }
+
+    /// Declares rate limit `name` or changes it, like `Client::set_rate_limit`: true if
+    /// written. Buckets refill on the kit's virtual clock.
+    pub fn set_rate_limit(&mut self, name: &str, limit: RateLimit) -> Ready<Result<bool>> {
+        ready(limit.check(name).map(|()| {
+            self.store
+                .set_rate_limit(name, limit.per_second(), limit.capacity())
+        }))
     }
 
     /// Registers FSM `F` (needed for FSMs only reached as children, when not linked).
@@ -220,13 +229,30 @@ impl TestKit {
     /// `Error::UnknownGate` for the first row naming an undeclared gate, as the foreign
     /// key to `gd_gates` refuses it: nothing is written.
     fn check_gates(&self, rows: &[NewInstance]) -> Result<()> {
-        match self
+        if let Some(name) = self
             .store
             .unknown_gate(rows.iter().filter_map(|r| r.gate.as_deref()))
         {
-            Some(name) => Err(Error::UnknownGate { name }),
-            None => Ok(()),
+            return Err(Error::UnknownGate { name });
         }
+        for r in rows {
+            let Some((name, _)) = &r.rate_limit else {
+                continue;
+            };
+            match self.store.rate_limit(name) {
+                None => return Err(Error::UnknownRateLimit { name: name.clone() }),
+                Some((_, burst)) if r.rate_weight > burst => {
+                    return Err(Error::InvalidInput {
+                        what: "rate limit weight",
+                        reason: "exceeds its rate limit's burst, so its tokens could never \
+                                 all be there at once"
+                            .into(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// Inserts the due fire times of every schedule (see [`TestKit::schedule`]).
@@ -529,6 +555,9 @@ impl TestKit {
             let Some(id) = self.store.pick(now, &self.registry) else {
                 break;
             };
+            if !self.store.admit(id, now) {
+                continue; // its tokens are not there yet: it reserved them and waits
+            }
             if tally.steps >= self.max_steps {
                 self.runaway(&per_instance, &last);
             }

@@ -42,6 +42,7 @@ use tracing::{Event, Metadata, Subscriber};
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
     "gate",
+    "rate_limit",
     "fence",
     "apply",
     "insert",

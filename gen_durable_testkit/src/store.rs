@@ -39,6 +39,12 @@ pub(crate) struct Row {
     pub(crate) partition_key: Option<String>,
     /// The gate `partition_key` is a key of (`None`: a K = 1 key).
     pub(crate) gate: Option<String>,
+    /// The rate limit and key `rate_step` takes `rate_weight` tokens from.
+    pub(crate) rate_limit: Option<(String, String)>,
+    pub(crate) rate_weight: f64,
+    pub(crate) rate_step: Option<String>,
+    /// Its tokens are reserved: it runs when due without another admission.
+    pub(crate) rate_paid: bool,
     pub(crate) eligible_at: DateTime<Utc>,
     pub(crate) attempt: i32,
     pub(crate) last_error: Option<String>,
@@ -102,6 +108,10 @@ pub(crate) struct Store {
     paused: BTreeMap<String, QueuePause>,
     /// `gd_gates`: each declared gate's limit K.
     gates: BTreeMap<String, u32>,
+    /// `gd_rate_limits`: tokens per second and burst, by name.
+    rate_limits: BTreeMap<String, (f64, f64)>,
+    /// `gd_buckets`: tokens at an instant, by (limit, key).
+    buckets: BTreeMap<(String, String), (f64, DateTime<Utc>)>,
 }
 
 /// Whether the kit claims rows of `(fsm, version)`: the pick's filter of the engine
@@ -227,6 +237,7 @@ impl Store {
                     id,
                     fsm: new.fsm,
                     version: new.version,
+                    rate_step: new.rate_limit.as_ref().map(|_| new.step.clone()),
                     step: new.step,
                     status: Status::Runnable,
                     state: new.state,
@@ -237,6 +248,9 @@ impl Store {
                     priority: new.priority,
                     partition_key: new.partition_key,
                     gate: new.gate,
+                    rate_limit: new.rate_limit,
+                    rate_weight: new.rate_weight,
+                    rate_paid: false,
                     eligible_at,
                     attempt: 0,
                     last_error: None,
@@ -378,6 +392,51 @@ impl Store {
     /// The limit of gate `name`, if declared.
     pub(crate) fn gate(&self, name: &str) -> Option<u32> {
         self.gates.get(name).copied()
+    }
+
+    /// The claim's admission of picked row `id` against its rate limit: true if it runs
+    /// now (its tokens taken, or reserved before); false if its tokens are not there yet,
+    /// when it reserves them and waits, runnable, until they are due.
+    pub(crate) fn admit(&mut self, id: i64, now: DateTime<Utc>) -> bool {
+        let row = &self.rows[&id];
+        let Some((name, key)) = row.rate_limit.clone() else {
+            return true;
+        };
+        if row.rate_step.as_deref() != Some(row.step.as_str()) || row.rate_paid {
+            self.rows.get_mut(&id).expect("picked").rate_paid = false;
+            return true;
+        }
+        let weight = row.rate_weight;
+        let (rate, burst) = self.rate_limits[&name];
+        let avail = match self.buckets.get(&(name.clone(), key.clone())) {
+            None => burst,
+            Some(&(tokens, at)) => burst.min(
+                tokens + (now - at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6 * rate,
+            ),
+        };
+        self.buckets.insert((name, key), (avail - weight, now));
+        let row = self.rows.get_mut(&id).expect("picked");
+        if weight <= avail {
+            row.rate_paid = false;
+            true
+        } else {
+            let wait = (weight - avail) / rate;
+            row.eligible_at = now + chrono::Duration::microseconds((wait * 1e6).round() as i64);
+            row.rate_paid = true;
+            false
+        }
+    }
+
+    /// `gd_rate_limits`: (tokens per second, burst) of limit `name`.
+    pub(crate) fn rate_limit(&self, name: &str) -> Option<(f64, f64)> {
+        self.rate_limits.get(name).copied()
+    }
+
+    /// DECLARE: adds rate limit `name` or changes it; true if written.
+    pub(crate) fn set_rate_limit(&mut self, name: &str, per_second: f64, burst: f64) -> bool {
+        self.rate_limits
+            .insert(name.to_string(), (per_second, burst))
+            != Some((per_second, burst))
     }
 
     /// DECLARE: adds gate `name` or changes its limit; true if written.

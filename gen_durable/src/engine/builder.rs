@@ -28,6 +28,7 @@ use crate::gate::Gate;
 use crate::instance_migration::Migration;
 use crate::notify::Notifier;
 use crate::pooler::Pooler;
+use crate::rate_limit::RateLimit;
 use crate::registry::Registry;
 use crate::schedule::Schedule;
 use crate::telemetry::{Event, EventHandler, Telemetry};
@@ -43,6 +44,7 @@ impl EngineBuilder {
             telemetry: Telemetry::default(),
             schedules: Vec::new(),
             gates: Vec::new(),
+            rate_limits: Vec::new(),
         }
     }
 }
@@ -59,6 +61,7 @@ pub struct EngineBuilder {
     telemetry: Telemetry,
     schedules: Vec<Schedule>,
     gates: Vec<(String, Gate)>,
+    rate_limits: Vec<(String, RateLimit)>,
 }
 
 impl EngineBuilder {
@@ -144,6 +147,16 @@ impl EngineBuilder {
     /// A name declared twice, or a limit out of range, is refused at `start`.
     pub fn concurrency_limit(mut self, name: impl Into<String>, gate: Gate) -> Self {
         self.gates.push((name.into(), gate));
+        self
+    }
+
+    /// Declares rate limit `name` (see [`RateLimit`]): rows inserted with
+    /// `.rate_limit((name, key))` take tokens from the key's bucket each time their first
+    /// step runs. Written to the database at `start` (the last node to start with a
+    /// different limit sets it). A name declared twice, or a limit out of range, is
+    /// refused at `start`.
+    pub fn rate_limit(mut self, name: impl Into<String>, limit: RateLimit) -> Self {
+        self.rate_limits.push((name.into(), limit));
         self
     }
 
@@ -237,6 +250,7 @@ impl EngineBuilder {
             telemetry,
             schedules,
             gates,
+            rate_limits,
         } = self;
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
         if !gates.is_empty() {
@@ -245,6 +259,13 @@ impl EngineBuilder {
                 .map(|(name, g)| (name, g.limit() as i32))
                 .collect();
             crate::store::pg::gate::declare(db.exec(), &gates, db.now()).await?;
+        }
+        if !rate_limits.is_empty() {
+            let limits: Vec<(String, f64, f64)> = rate_limits
+                .into_iter()
+                .map(|(name, l)| (name, l.per_second(), l.capacity()))
+                .collect();
+            crate::store::pg::rate_limit::declare(db.exec(), &limits, db.now()).await?;
         }
         let (names, versions) = registry.name_version_arrays();
         let claims = Arc::new(Claims::default());
@@ -411,6 +432,15 @@ impl EngineBuilder {
             if !gates.insert(name.as_str()) {
                 return Err(Error::InvalidConfig(format!(
                     "gate {name:?} is declared twice"
+                )));
+            }
+        }
+        let mut limits = HashSet::new();
+        for (name, limit) in &self.rate_limits {
+            limit.check(name)?;
+            if !limits.insert(name.as_str()) {
+                return Err(Error::InvalidConfig(format!(
+                    "rate limit {name:?} is declared twice"
                 )));
             }
         }

@@ -47,7 +47,7 @@ pub(crate) struct Queue {
 
 /// A claim in flight, beside the picker's loop: finished steps are collected and their
 /// slots refilled from the buffer while it runs. Yields the demand and the rows.
-type Claiming = Pin<Box<dyn Future<Output = (usize, Result<Vec<claim::Claimed>>)> + Send>>;
+type Claiming = Pin<Box<dyn Future<Output = (usize, Result<claim::Pick>)> + Send>>;
 
 /// A step running on this queue.
 struct Running {
@@ -133,8 +133,8 @@ impl Picker {
         }
         // A claim still in flight has taken its rows: buffer them, so the drain releases them.
         if let Some(c) = self.claiming.take() {
-            if let (_, Ok(rows)) = c.await {
-                self.buffer.extend(rows);
+            if let (_, Ok(pick)) = c.await {
+                self.buffer.extend(pick.rows);
             }
         }
         self.drain(deadline).await
@@ -156,10 +156,17 @@ impl Picker {
     }
 
     /// A claim came back.
-    fn claimed(&mut self, demand: usize, got: Result<Vec<claim::Claimed>>) {
+    fn claimed(&mut self, demand: usize, got: Result<claim::Pick>) {
         let cfg = &self.queue.cfg;
         match got {
-            Ok(rows) => {
+            Ok(pick) => {
+                // Rows waiting for reserved tokens: claim when the first is due, not at
+                // the next poll (which backs off while claims come back empty).
+                if let (Some(due), Some(now)) = (pick.next_due, pick.now) {
+                    let at = Instant::now() + (due - now).to_std().unwrap_or_default();
+                    self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+                }
+                let rows = pick.rows;
                 let count = rows.len();
                 self.buffer.extend(rows);
                 // A full claim: the queue may hold more, claim again at once.
@@ -290,8 +297,9 @@ impl Picker {
 
 impl Queue {
     /// One claim of up to `demand` rows; the rows join this node's claims table.
-    async fn claim(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
-        let rows = self.claim_rows(demand).await?;
+    async fn claim(&self, demand: usize) -> Result<claim::Pick> {
+        let pick = self.claim_rows(demand).await?;
+        let rows = &pick.rows;
         let count = rows.len();
         // Rows are claimed (leases recorded in the database) but not yet known here.
         if count > 0 {
@@ -303,19 +311,28 @@ impl Queue {
             queue: self.name.to_string(),
             worker: self.shared.node_id.clone(),
         });
-        if let Some(first) = rows.first() {
-            self.contended(&first.contended.0);
-            self.throttled(&rows, &first.contended.0);
+        self.contended(&pick.contended);
+        self.throttled(rows, &pick.contended);
+        for t in &pick.throttled {
+            if t.deferred > 0 {
+                self.shared.telemetry.emit(Event::RateLimitThrottled {
+                    wanted: t.wanted,
+                    admitted: t.wanted - t.deferred,
+                    limit: t.limit.clone(),
+                    key: t.key.clone(),
+                    queue: self.name.to_string(),
+                });
+            }
         }
-        for r in &rows {
+        for r in rows {
             self.shared.claims.hold(r.id, r.lease_epoch);
         }
-        Ok(rows)
+        Ok(pick)
     }
 
     /// One claim statement, retried when two nodes race on a partition key (the loser's
     /// whole statement fails on the partition index and claims nothing).
-    async fn claim_rows(&self, demand: usize) -> Result<Vec<claim::Claimed>> {
+    async fn claim_rows(&self, demand: usize) -> Result<claim::Pick> {
         let shared = &self.shared;
         let mut contended = 0;
         loop {
@@ -430,7 +447,7 @@ impl Queue {
 }
 
 /// The claim in flight (only polled while there is one).
-async fn in_flight(claiming: &mut Option<Claiming>) -> (usize, Result<Vec<claim::Claimed>>) {
+async fn in_flight(claiming: &mut Option<Claiming>) -> (usize, Result<claim::Pick>) {
     claiming.as_mut().expect("a claim").await
 }
 

@@ -94,6 +94,8 @@ pub trait Backend {
     async fn restart(&mut self, id: i64, step: &str) -> Result<()>;
     /// `set_gate`: true if the gate is new or its limit changed.
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool>;
+    /// `set_rate_limit`: true if the limit is new or changed.
+    async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool>;
     /// `pause_queue`: true if newly paused.
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool>;
     /// `resume_queue`: true if it was paused.
@@ -244,6 +246,9 @@ impl Backend for Kit {
     }
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
         self.kit.set_gate(name, gate).await
+    }
+    async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool> {
+        self.kit.set_rate_limit(name, limit).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.kit.pause_queue(queue, reason).await
@@ -483,6 +488,9 @@ impl Backend for Pg {
     }
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
         self.client.set_gate(name, gate).await
+    }
+    async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool> {
+        self.client.set_rate_limit(name, limit).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.client.pause_queue(queue, reason).await

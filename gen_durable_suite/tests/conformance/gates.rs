@@ -1,7 +1,7 @@
 //! Concurrency gates on both engines: declaring them, inserting into them, and what a
 //! gate key does (and does not) exclude.
 
-use gen_durable::{Error, Gate, GateKey, Reason, Status};
+use gen_durable::{Error, Gate, LimitKey, Reason, Status};
 
 use crate::backend::{Backend, Opts};
 use crate::fsms::*;
@@ -48,7 +48,7 @@ pub async fn an_undeclared_gate_is_refused_and_nothing_is_written<B: Backend>(b:
         (S::default(), Opts::default().gate(("somewhere", "k"))),
         (
             S::default(),
-            Opts::default().gate(GateKey::global("nowhere")),
+            Opts::default().gate(LimitKey::global("nowhere")),
         ),
     ];
     let e = b.insert_all::<Counter>(rows).await.unwrap_err();
@@ -84,7 +84,7 @@ pub async fn declaring_a_gate_is_idempotent_and_a_new_limit_replaces_the_old<B: 
             "{name:?} {limit}: {e:?}"
         );
     }
-    let o = Opts::default().gate(GateKey::global("conf-smtp"));
+    let o = Opts::default().gate(LimitKey::global("conf-smtp"));
     let id = b.insert::<Counter>(S::default(), o).await.unwrap();
     b.run().await;
     let i = b.get(id).await;

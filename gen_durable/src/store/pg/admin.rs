@@ -44,7 +44,8 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
                               WHERE attrelid = to_regclass('gd_nodes') AND attname = 'steps'
                                 AND NOT attisdropped) THEN 'gd_nodes.steps'
-            WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates' END AS missing,
+            WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates'
+            WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

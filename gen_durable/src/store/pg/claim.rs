@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::PgExecutor;
+use sqlx::{FromRow, PgExecutor, Row};
 
 use crate::ctx::{ChildInfo, Signal};
 use crate::error::Result;
@@ -38,6 +38,17 @@ use crate::error::Result;
 ///   (gate, key, slot) of executing rows is the guarantee: two claims that chose one
 ///   slot cannot both commit (the loser fails on it and retries, as on a K = 1 key).
 ///   Rows beyond the room are handed back untouched, in `contended` with their gate.
+/// - Rate limits (migration 0012): chosen rows whose step is their limit's step and
+///   whose tokens are not paid (`wants`) take them from their key's bucket in pick order
+///   (a running sum of weights per key). The existing buckets are locked in key order
+///   (`stored`; only claims write them, so a claim waits at most for another claim's
+///   statement, and never in a cycle), refilled to now, and debited by the batch's total
+///   (`debited`); a key's first admission mints its bucket, full minus what it took
+///   (`minted`; two claims minting one key at once: the loser fails on the primary key
+///   and retries whole). A row beyond the tokens there is not claimed: it reserves its
+///   tokens (the bucket goes negative) and is deferred, runnable and paid, until the
+///   instant they are due (`owed`, `deferred`). `next_due` is the first instant a paid
+///   row of this queue is due (through `gd_instances_rate_due`), so the picker wakes then.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
 /// - A queue an operator paused (`gd_queue_pauses`, `Client::pause_queue`) gives nothing.
 ///   The `NOT EXISTS` does not reference `i`, so it is planned once per statement as an
@@ -52,7 +63,9 @@ WITH full_gates AS MATERIALIZED (
      GROUP BY e.gate, e.partition_key, g.size
     HAVING count(*) >= g.size
 ), picked AS MATERIALIZED (
-    SELECT i.id, i.fsm, i.partition_key, i.gate, i.priority, i.eligible_at
+    SELECT i.id, i.fsm, i.partition_key, i.gate, i.priority, i.eligible_at,
+           i.rate_limit, i.rate_key, i.rate_weight,
+           i.rate_limit IS NOT NULL AND i.rate_step = i.step AND NOT i.rate_paid AS rate_due
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
@@ -93,15 +106,72 @@ WITH full_gates AS MATERIALIZED (
                       AND f.rn = r.rn AND f.rn <= f.room
      WHERE CASE WHEN r.gate IS NULL THEN r.partition_key IS NULL OR r.rn = 1
                 ELSE f.slot IS NOT NULL END
+), wants AS (
+    SELECT p.id, p.rate_limit, p.rate_key,
+           sum(p.rate_weight) OVER (PARTITION BY p.rate_limit, p.rate_key
+                                    ORDER BY p.priority, p.eligible_at, p.id) AS upto
+      FROM chosen c JOIN picked p ON p.id = c.id
+     WHERE p.rate_due
+), stored AS MATERIALIZED (
+    SELECT b.name, b.key, b.tokens, b.at
+      FROM gd_buckets b
+     WHERE (b.name, b.key) IN (SELECT rate_limit, rate_key FROM wants)
+     ORDER BY b.name, b.key
+       FOR NO KEY UPDATE
+), buckets AS MATERIALIZED (
+    SELECT k.name, k.key, k.total, k.wanted, l.per_second, s.name IS NOT NULL AS stored,
+           CASE WHEN s.name IS NULL THEN l.burst
+                ELSE least(l.burst, s.tokens + extract(epoch FROM coalesce($7, now()) - s.at)
+                                               * l.per_second) END AS avail
+      FROM (SELECT rate_limit AS name, rate_key AS key, max(upto) AS total, count(*) AS wanted
+              FROM wants GROUP BY 1, 2) k
+      JOIN gd_rate_limits l ON l.name = k.name
+      LEFT JOIN stored s ON s.name = k.name AND s.key = k.key
+), owed AS (
+    SELECT w.id, w.rate_limit, w.rate_key,
+           coalesce($7, now()) + (w.upto - b.avail) / b.per_second * interval '1 second' AS due
+      FROM wants w JOIN buckets b ON b.name = w.rate_limit AND b.key = w.rate_key
+     WHERE w.upto > b.avail
+), debited AS (
+    UPDATE gd_buckets g SET tokens = b.avail - b.total, at = coalesce($7, now())
+      FROM buckets b
+     WHERE b.stored AND g.name = b.name AND g.key = b.key
+    RETURNING g.name
+), minted AS (
+    INSERT INTO gd_buckets (name, key, tokens, at)
+    SELECT b.name, b.key, b.avail - b.total, coalesce($7, now()) FROM buckets b WHERE NOT b.stored
+    RETURNING name
+), deferred AS (
+    UPDATE gd_instances i
+       SET eligible_at = o.due, rate_paid = true, updated_at = coalesce($7, now())
+      FROM owed o
+     WHERE i.id = o.id
+    RETURNING i.id
 ), claimed AS (
     UPDATE gd_instances i
        SET status = 'executing', locked_by = $5, lease_epoch = i.lease_epoch + 1,
            lease_expires_at = coalesce($7, now()) + $6 * interval '1 millisecond',
-           updated_at = coalesce($7, now()), gate_slot = c.slot
+           updated_at = coalesce($7, now()), gate_slot = c.slot, rate_paid = false
       FROM chosen c
-     WHERE i.id = c.id
+     WHERE i.id = c.id AND NOT EXISTS (SELECT 1 FROM owed o WHERE o.id = c.id)
     RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
               i.partition_key IS NOT NULL AS partitioned, i.partition_key, i.gate
+), pick AS (
+    SELECT coalesce($7, now()) AS now,
+           least((SELECT min(due) FROM owed),
+                 (SELECT min(r.eligible_at) FROM gd_instances r
+                   WHERE r.queue = $1 AND r.status = 'runnable' AND r.rate_paid
+                     AND r.eligible_at > coalesce($7, now()))) AS next_due,
+           (SELECT coalesce(json_agg(json_build_object(
+                       'limit', b.name, 'key', b.key, 'wanted', b.wanted,
+                       'deferred', (SELECT count(*) FROM owed o
+                                     WHERE o.rate_limit = b.name AND o.rate_key = b.key))), '[]')
+              FROM buckets b) AS throttled,
+           (SELECT coalesce(json_agg(json_build_object(
+                       'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key, 'gate', p.gate)
+                       ORDER BY p.id), '[]')
+              FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id))
+               AS contended
 )
 SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
        c.partitioned, c.partition_key, c.gate,
@@ -113,12 +183,10 @@ SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease
                    'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
                    'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
           FROM gd_instances ch WHERE ch.parent_id = c.id) AS children,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key, 'gate', p.gate)
-                   ORDER BY p.id), '[]')
-          FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id)) AS contended,
-       coalesce($7, now()) AS now
-  FROM claimed c
+       k.contended, k.throttled, k.next_due, k.now
+  FROM pick k
+  LEFT JOIN claimed c ON true
+ WHERE c.id IS NOT NULL OR k.next_due IS NOT NULL
  ORDER BY c.id
 "#;
 
@@ -141,10 +209,33 @@ pub(crate) struct Claimed {
     pub(crate) gate: Option<String>,
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) children: Json<Vec<ChildInfo>>,
-    /// Rows this pick locked but handed back because an earlier row of the batch has the
-    /// same partition key (the same on every row of a pick).
-    pub(crate) contended: Json<Vec<Contended>>,
     pub(crate) now: DateTime<Utc>,
+}
+
+/// What one claim statement did: the rows it claimed, and what it handed back or
+/// deferred.
+#[derive(Debug, Default)]
+pub(crate) struct Pick {
+    pub(crate) rows: Vec<Claimed>,
+    /// Rows this pick locked but handed back because an earlier row of the batch has the
+    /// same K = 1 key, or their gate key had no free slot left.
+    pub(crate) contended: Vec<Contended>,
+    /// Per rate-limit key of the pick: the rows that wanted tokens and how many of them
+    /// were deferred until their tokens are due.
+    pub(crate) throttled: Vec<Throttled>,
+    /// The earliest instant a row of this queue that waits for reserved tokens is due.
+    pub(crate) next_due: Option<DateTime<Utc>>,
+    /// The statement's time.
+    pub(crate) now: Option<DateTime<Utc>>,
+}
+
+/// One rate-limit key of a pick.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct Throttled {
+    pub(crate) limit: String,
+    pub(crate) key: String,
+    pub(crate) wanted: usize,
+    pub(crate) deferred: usize,
 }
 
 /// A row handed back by a pick because its partition was taken.
@@ -170,11 +261,11 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
-pub(crate) async fn claim<'e>(
-    db: impl PgExecutor<'e>,
-    p: &ClaimParams<'_>,
-) -> Result<Vec<Claimed>> {
-    Ok(sqlx::query_as(CLAIM)
+/// Runs the claim. Its result has one row per claimed row — or, when it claimed none but
+/// rows of the queue wait for reserved tokens, one row of NULLs — and every row carries
+/// the pick's summary (an empty pick returns no row, as an idle queue's polls do).
+pub(crate) async fn claim<'e>(db: impl PgExecutor<'e>, p: &ClaimParams<'_>) -> Result<Pick> {
+    let rows = sqlx::query(CLAIM)
         .bind(p.queue)
         .bind(p.names)
         .bind(p.versions)
@@ -183,7 +274,20 @@ pub(crate) async fn claim<'e>(
         .bind(p.lease_ttl_ms)
         .bind(p.now)
         .fetch_all(db)
-        .await?)
+        .await?;
+    let mut pick = Pick::default();
+    if let Some(first) = rows.first() {
+        pick.contended = first.try_get::<Json<Vec<Contended>>, _>("contended")?.0;
+        pick.throttled = first.try_get::<Json<Vec<Throttled>>, _>("throttled")?.0;
+        pick.next_due = first.try_get("next_due")?;
+        pick.now = Some(first.try_get("now")?);
+    }
+    for row in &rows {
+        if row.try_get::<Option<i64>, _>("id")?.is_some() {
+            pick.rows.push(Claimed::from_row(row)?);
+        }
+    }
+    Ok(pick)
 }
 
 #[cfg(test)]
@@ -298,16 +402,17 @@ mod tests {
         );
         assert!(!plan.contains("Seq Scan on gd_instances"), "{plan}");
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let claimed = sqlx::query_as::<_, Claimed>(&CLAIM.replace("$7", "NULL::timestamptz"))
-            .bind("q")
-            .bind(vec!["F".to_string()])
-            .bind(vec![1i32])
-            .bind(64i64)
-            .bind("n1")
-            .bind(30_000i64)
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap();
+        let names = ["F".to_string()];
+        let params = ClaimParams {
+            queue: "q",
+            names: &names,
+            versions: &[1],
+            demand: 64,
+            node: "n1",
+            lease_ttl_ms: 30_000,
+            now: None,
+        };
+        let claimed = claim(&mut *tx, &params).await.unwrap().rows;
         assert_eq!(claimed.len(), 64, "a whole batch of ungated rows");
         assert!(claimed.iter().all(|c| c.gate.is_none()));
         tx.rollback().await.unwrap();

@@ -22,20 +22,23 @@ WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::int4[], $3::text[], $4::jsonb[], $5::text[], $6::int2[],
                 $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::int8[], $12::int4[],
-                $14::int8[], $16::text[])
+                $14::int8[], $16::text[], $17::text[], $18::text[], $19::float8[])
          WITH ORDINALITY AS t(fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, delay_ms, max_reaps,
-                              parent_id, gate, ord)
+                              parent_id, gate, rate_limit, rate_key, rate_weight, ord)
 ), ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps, parent_id,
-                              inserted_at, updated_at, gate)
+                              inserted_at, updated_at, gate, rate_limit, rate_key,
+                              rate_weight, rate_step)
     SELECT fsm, fsm_version, step, state, queue, priority, partition_key, unique_key,
            string_to_array(unique_scope, ',')::gd_status[],
            coalesce(eligible_at,
                     coalesce($13, statement_timestamp()) + coalesce(delay_ms, 0) * interval '1 millisecond'),
            max_reaps, parent_id, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()),
-           gate
+           gate, rate_limit, rate_key,
+           CASE WHEN rate_limit IS NOT NULL THEN gd_rate_weight(rate_limit, rate_weight) END,
+           CASE WHEN rate_limit IS NOT NULL THEN step END
     FROM input
     ORDER BY unique_key NULLS LAST, ord
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
@@ -86,6 +89,9 @@ pub(crate) async fn insert_with_parents<'e>(
     let mut delay = Vec::with_capacity(n);
     let mut max_reaps = Vec::with_capacity(n);
     let mut gate = Vec::with_capacity(n);
+    let mut rate_limit = Vec::with_capacity(n);
+    let mut rate_key = Vec::with_capacity(n);
+    let mut rate_weight = Vec::with_capacity(n);
     for r in rows {
         fsm.push(r.fsm.as_str());
         version.push(r.version);
@@ -104,6 +110,9 @@ pub(crate) async fn insert_with_parents<'e>(
         delay.push(r.delay.map(millis));
         max_reaps.push(r.max_reaps);
         gate.push(r.gate.as_deref());
+        rate_limit.push(r.rate_limit.as_ref().map(|(l, _)| l.as_str()));
+        rate_key.push(r.rate_limit.as_ref().map(|(_, k)| k.as_str()));
+        rate_weight.push(r.rate_weight);
     }
     let (ids, parent_ids): (Vec<i64>, Vec<Option<i64>>) = sqlx::query_as(INSERT)
         .bind(fsm)
@@ -122,6 +131,9 @@ pub(crate) async fn insert_with_parents<'e>(
         .bind(parents)
         .bind(notify)
         .bind(gate)
+        .bind(rate_limit)
+        .bind(rate_key)
+        .bind(rate_weight)
         .fetch_one(db)
         .await
         .map_err(gate_error)?;
@@ -135,10 +147,13 @@ pub(super) const INSERT_ONE: &str = r#"/* gd:insert */
 WITH ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps,
-                              inserted_at, updated_at, gate)
+                              inserted_at, updated_at, gate, rate_limit, rate_key,
+                              rate_weight, rate_step)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, string_to_array($9, ',')::gd_status[],
             coalesce($10, coalesce($13, statement_timestamp()) + coalesce($11, 0) * interval '1 millisecond'),
-            $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()), $15)
+            $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()), $15,
+            $16, $17, CASE WHEN $16::text IS NOT NULL THEN gd_rate_weight($16, $18) END,
+            CASE WHEN $16::text IS NOT NULL THEN $3 END)
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
     RETURNING id, queue, eligible_at
 )
@@ -176,25 +191,48 @@ pub(crate) async fn insert_one<'e>(
         .bind(now)
         .bind(notify)
         .bind(r.gate.as_deref())
+        .bind(r.rate_limit.as_ref().map(|(l, _)| l.as_str()))
+        .bind(r.rate_limit.as_ref().map(|(_, k)| k.as_str()))
+        .bind(r.rate_weight)
         .fetch_optional(db)
         .await
         .map_err(gate_error)?;
     Ok(row.map(|(id, _)| id))
 }
 
-/// An insert that named an undeclared gate fails on the foreign key to `gd_gates`
-/// (migration 0011): that is `Error::UnknownGate`, with the gate from the error's detail,
-/// `Key (gate)=(stripe) is not present in table "gd_gates".`
+/// An insert that named an undeclared gate or rate limit fails on a foreign key
+/// (migrations 0011, 0012): that is `Error::UnknownGate` / `UnknownRateLimit`, named from
+/// the error's detail, `Key (gate)=(stripe) is not present in table "gd_gates".`. A weight
+/// above its limit's burst fails the row's check (`gd_rate_weight` negates it).
 pub(crate) fn gate_error(e: sqlx::Error) -> crate::Error {
     if let sqlx::Error::Database(db) = &e {
-        if db.constraint() == Some("gd_instances_gate_fk") {
-            let name = db
-                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        let named = |column: &str| {
+            db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
                 .and_then(|e| e.detail())
-                .and_then(|d| d.strip_prefix("Key (gate)=("))
+                .and_then(|d| d.strip_prefix(&format!("Key ({column})=(")))
                 .and_then(|d| d.rfind(") is not present").map(|end| d[..end].to_string()))
-                .unwrap_or_default();
-            return crate::Error::UnknownGate { name };
+                .unwrap_or_default()
+        };
+        match db.constraint() {
+            Some("gd_instances_gate_fk") => {
+                return crate::Error::UnknownGate {
+                    name: named("gate"),
+                }
+            }
+            Some("gd_instances_rate_limit_fk") => {
+                return crate::Error::UnknownRateLimit {
+                    name: named("rate_limit"),
+                }
+            }
+            Some("gd_instances_rate") => {
+                return crate::Error::InvalidInput {
+                    what: "rate limit weight",
+                    reason: "exceeds its rate limit's burst, so its tokens could never all be \
+                             there at once"
+                        .into(),
+                }
+            }
+            _ => {}
         }
     }
     crate::Error::Database(e)

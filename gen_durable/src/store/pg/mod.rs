@@ -38,6 +38,7 @@ pub(crate) mod lease;
 pub(crate) mod migration;
 pub(crate) mod outcome;
 pub(crate) mod pause;
+pub(crate) mod rate_limit;
 pub(crate) mod schedule;
 pub(crate) mod signal;
 pub(crate) mod wait;
@@ -73,12 +74,12 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
         ("release", "int8[], int8[], text, timestamptz", lease::RELEASE),
         (
             "insert_one",
-            "text, int4, text, jsonb, text, int2, text, text, text, timestamptz, int8, int4, timestamptz, bool, text",
+            "text, int4, text, jsonb, text, int2, text, text, text, timestamptz, int8, int4, timestamptz, bool, text, text, text, float8",
             insert::INSERT_ONE,
         ),
         (
             "insert",
-            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[], text[]",
+            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[], text[], text[], text[], float8[]",
             insert::INSERT,
         ),
         ("gc", "int8, int8, timestamptz", admin::GC),
@@ -88,7 +89,7 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 15] = [
+    const SOURCES: [(&str, &str); 16] = [
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
         ("bulk.rs", include_str!("bulk.rs")),
@@ -101,6 +102,7 @@ mod tests {
         ("migration.rs", include_str!("migration.rs")),
         ("outcome.rs", include_str!("outcome.rs")),
         ("pause.rs", include_str!("pause.rs")),
+        ("rate_limit.rs", include_str!("rate_limit.rs")),
         ("schedule.rs", include_str!("schedule.rs")),
         ("signal.rs", include_str!("signal.rs")),
         ("wait.rs", include_str!("wait.rs")),

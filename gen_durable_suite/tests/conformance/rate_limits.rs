@@ -1,0 +1,121 @@
+//! Rate limits on both engines, on the manual clock: the burst, then one row per token
+//! interval, each row waiting for its reserved tokens without an attempt; what pays (the
+//! limited step, each time it runs) and what does not (the steps after it); bad input.
+
+use std::time::Duration;
+
+use chrono::Duration as Span;
+use gen_durable::{Error, RateLimit, Status};
+use serde_json::json;
+
+use crate::backend::{Backend, Opts};
+use crate::fsms::*;
+
+pub async fn a_rate_limit_admits_its_burst_then_one_row_per_token<B: Backend>(b: &mut B) {
+    let t0 = b.now();
+    // 2 a second, burst 3.
+    let limit = RateLimit::per(2, Duration::from_secs(1)).burst(3);
+    assert!(b.set_rate_limit("conf-rl", limit).await.unwrap());
+    assert!(
+        !b.set_rate_limit("conf-rl", limit).await.unwrap(),
+        "unchanged"
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let o = Opts::default().rate_limit("conf-rl");
+        ids.push(b.insert::<Counter>(S::default(), o).await.unwrap());
+    }
+    // The burst runs now; only the first step pays, so those three finish.
+    assert_eq!(b.run().await.to_string(), "{next: 6, done: 3, steps: 9}");
+    for (n, &id) in ids[3..].iter().enumerate() {
+        let i = b.get(id).await;
+        i.assert_status(Status::Runnable).assert_step("a");
+        assert_eq!(i.attempt, 0, "waiting for tokens burns no attempt");
+        let due = t0 + Span::milliseconds(500 * (n as i64 + 1));
+        assert_eq!(i.eligible_at, due, "row {n} of the three owed tokens");
+    }
+    b.advance(Duration::from_millis(500)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.advance(Duration::from_millis(1000)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 4, done: 2, steps: 6}");
+    for id in ids {
+        b.get(id).await.assert_done(json!({ "total": 111 }));
+    }
+}
+
+pub async fn a_replay_of_the_limited_step_pays_again<B: Backend>(b: &mut B) {
+    let t0 = b.now();
+    // One token every 32 s, burst 1 (binary fractions: the due times are exact).
+    let limit = RateLimit::per(1, Duration::from_secs(32));
+    b.set_rate_limit("conf-slow", limit).await.unwrap();
+    let o = Opts::default().rate_limit(("conf-slow", "k"));
+    let id = b.insert::<Replayer>(S::default(), o).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{replay: 1, steps: 1}");
+    // The replay is due at 10 s, its token at 32 s.
+    b.advance(Duration::from_secs(10)).await;
+    assert_eq!(b.run().await.to_string(), "{steps: 0}");
+    let i = b.get(id).await;
+    assert_eq!((i.attempt, i.eligible_at), (1, t0 + Span::seconds(32)));
+    b.advance(Duration::from_secs(22)).await;
+    assert_eq!(b.run().await.to_string(), "{replay: 1, steps: 1}");
+    b.advance(Duration::from_secs(10)).await;
+    assert_eq!(b.run().await.to_string(), "{steps: 0}");
+    assert_eq!(b.get(id).await.eligible_at, t0 + Span::seconds(64));
+    b.advance(Duration::from_secs(22)).await;
+    // `fin` is not limited: it runs at once after the last `go`.
+    assert_eq!(b.run().await.to_string(), "{next: 1, done: 1, steps: 2}");
+    b.get(id).await.assert_done(json!({
+        "attempt_at_fin": 0, "log": ["go@0", "go@1", "go@2"]
+    }));
+}
+
+pub async fn an_unknown_limit_or_a_weight_above_the_burst_is_refused_and_writes_nothing<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    let o = Opts::default().rate_limit("nowhere");
+    let e = b.insert::<Counter>(S::default(), o).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::UnknownRateLimit { name } if name == "nowhere"),
+        "{e:?}"
+    );
+    let limit = RateLimit::per(1, Duration::from_secs(1)).burst(2);
+    b.set_rate_limit("conf-w", limit).await.unwrap();
+    for w in [3.0, 0.0, -1.0, f64::NAN] {
+        let o = Opts::default().rate_limit("conf-w").weight(w);
+        let e = b.insert::<Counter>(S::default(), o).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidInput {
+                    what: "rate limit weight",
+                    ..
+                }
+            ),
+            "weight {w}: {e:?}"
+        );
+    }
+    let bad = RateLimit::per(0, Duration::from_secs(1));
+    assert!(matches!(
+        b.set_rate_limit("conf-w", bad).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(
+        b.run().await.to_string(),
+        "{steps: 0}",
+        "nothing was written"
+    );
+    // A weight of 2 fits the burst: it takes both tokens.
+    let o = Opts::default().rate_limit("conf-w").weight(2.0);
+    let heavy = b.insert::<Counter>(S::default(), o).await.unwrap();
+    let o = Opts::default().rate_limit("conf-w");
+    let light = b.insert::<Counter>(S::default(), o).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(heavy).await.assert_status(Status::Done);
+    assert_eq!(
+        b.get(light).await.eligible_at,
+        b.now() + Span::seconds(1),
+        "the next token is a second away"
+    );
+}
