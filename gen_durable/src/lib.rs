@@ -70,6 +70,8 @@
 mod answers;
 mod client;
 mod clock;
+#[cfg(feature = "metrics")]
+mod counts;
 mod ctx;
 mod engine;
 mod error;
