@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::{
-    Cancelled, Explanation, MigrateOptions, MigrationReport, Registry, Schedule, Settled, Target,
+    BulkReport, Cancelled, Explanation, Filter, MigrateOptions, MigrationReport, Registry,
+    Schedule, Settled, Target,
 };
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
@@ -92,6 +93,10 @@ pub trait Backend {
     async fn retry(&mut self, id: i64) -> Result<()>;
     /// `Client::restart` / `TestKit::restart`.
     async fn restart(&mut self, id: i64, step: &str) -> Result<()>;
+    /// `cancel_where`: every live instance `filter` matches (`dry_run`: only counted).
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport>;
+    /// `retry_where`: every failed instance `filter` matches (`dry_run`: only counted).
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport>;
     /// `pause_queue`: true if newly paused.
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool>;
     /// `resume_queue`: true if it was paused.
@@ -239,6 +244,12 @@ impl Backend for Kit {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.kit.restart(id, step).await
+    }
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.kit.cancel_where(filter, dry_run).await
+    }
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.kit.retry_where(filter, dry_run).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.kit.pause_queue(queue, reason).await
@@ -475,6 +486,12 @@ impl Backend for Pg {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.client.restart(id, step).await
+    }
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.client.cancel_where(filter, dry_run).await
+    }
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.client.retry_where(filter, dry_run).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.client.pause_queue(queue, reason).await
