@@ -662,3 +662,101 @@ async fn get_as(app: &Router, path: &str, jar: &str) -> String {
         .unwrap();
     send(app, req).await.body
 }
+
+/// Wrong operator tokens are limited per client address: after five within a minute, the
+/// address's POSTs — even with the right token — are answered 429 with `Retry-After`,
+/// while another address signs in as usual. Without the limit, guessing is unbounded.
+#[tokio::test]
+async fn wrong_tokens_are_rate_limited_per_client_address() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN),
+    );
+    let csrf = csrf_of(&app).await;
+    let from = |addr: &str, mut req: Request<Body>| {
+        let peer: SocketAddr = addr.parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req
+    };
+    let login = |token: &str| {
+        post(
+            "/login",
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("csrf={csrf}&token={token}"),
+        )
+    };
+    let guesser = "203.0.113.7:40000";
+    for n in 0..5 {
+        let a = send(&app, from(guesser, login(&format!("guess-{n}")))).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "guess {n}: {}", a.body);
+    }
+    // Locked out: the right token is refused too, and so is a bearer action, from any
+    // port of that address; nothing runs.
+    let before = fingerprint(db.pool()).await;
+    let locked = app
+        .clone()
+        .oneshot(from("203.0.113.7:40001", login(TOKEN)))
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = locked.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+    let bearer = Request::post(format!("/instances/{}/cancel", s.parked))
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::empty())
+        .unwrap();
+    let a = send(&app, from(guesser, bearer)).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.body);
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a locked-out POST acted"
+    );
+    // Pages are still served to it.
+    let page = send(
+        &app,
+        from(guesser, Request::get("/").body(Body::empty()).unwrap()),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+
+    // Another address is not affected.
+    let ok = send(&app, from("198.51.100.2:50000", login(TOKEN))).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+
+    // Wrong bearer tokens count as well; a request with no token at all does not.
+    let scripted = "198.51.100.9:1";
+    let no_token = || {
+        from(
+            scripted,
+            post(&format!("/instances/{}/cancel", s.parked), None, ""),
+        )
+    };
+    for _ in 0..10 {
+        assert_eq!(send(&app, no_token()).await.status, StatusCode::FORBIDDEN);
+    }
+    for _ in 0..5 {
+        let wrong = Request::post(format!("/instances/{}/cancel", s.parked))
+            .header(header::AUTHORIZATION, "Bearer nope")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap();
+        let a = send(&app, from(scripted, wrong)).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    }
+    assert_eq!(
+        send(&app, no_token()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    db.close().await;
+}
