@@ -105,9 +105,9 @@ pub(crate) async fn page(
             }
             p.note id="how-counted" {
                 @if exact {
-                    "Rows are exact counts (the whole table: " (pages) " pages)."
+                    "Rows are exact counts (the whole table: " (Figure::Exact(pages)) " pages)."
                 } @else {
-                    "Rows are estimated (≈) from a sample of " (format!("{percent:.2}")) "% of the table's " (pages)
+                    "Rows are estimated (≈) from a sample of " (format!("{percent:.2}")) "% of the table's " (Figure::Exact(pages))
                     " pages (TABLESAMPLE SYSTEM): no index has the FSM, and counting every row would read the whole table. "
                     "A version with few rows may be missing; `gen_durable status` lists the live rows no live node runs, exactly (a full scan)."
                 }

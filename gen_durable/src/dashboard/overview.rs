@@ -213,7 +213,7 @@ fn how_counted(c: &counts::Counts) -> String {
         format!(
             "Every figure is an exact count: {counted}, the other statuses by reading the \
              whole table ({} pages).",
-            c.pages
+            Figure::Exact(c.pages)
         )
     } else {
         format!(
@@ -221,7 +221,8 @@ fn how_counted(c: &counts::Counts) -> String {
              queue: \"≈\" figures are estimated from a sample of {:.2}% of the table's {} \
              pages (TABLESAMPLE SYSTEM), so a queue with few such rows may show ≈0. \
              `gen_durable status` counts every row exactly (a full scan).",
-            c.sample_percent, c.pages
+            c.sample_percent,
+            Figure::Exact(c.pages)
         )
     }
 }
