@@ -70,6 +70,8 @@
 mod answers;
 mod client;
 mod clock;
+#[cfg(feature = "metrics")]
+mod counts;
 mod ctx;
 mod engine;
 mod error;
@@ -141,7 +143,7 @@ pub use kind::OutcomeKind;
 pub use migrate::migrate;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
 #[doc(hidden)]
-pub use operator::{check_queue, check_restart_step, RestartFound};
+pub use operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
 pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
 pub use options::InsertOptions;
 pub use pooler::Pooler;

@@ -172,6 +172,9 @@ conformance! {
     operator::restart_of_a_finished_child_rearms_a_waiting_parent_not_one_that_moved_on,
     operator::restart_refuses_a_parent_with_live_children,
     operator::restart_of_a_finished_instance_whose_key_is_held_is_a_duplicate,
+    operator::a_bulk_dry_run_counts_and_changes_nothing,
+    operator::cancel_where_cancels_the_matches_with_their_live_children,
+    operator::retry_where_retries_the_failed_matches_and_skips_a_taken_key,
 }
 
 #[test]

@@ -167,6 +167,94 @@ async fn pages_answer_with_their_content() {
     let f = get(&app, "/fsms").await;
     assert!(f.body.contains("data-fsm=\"Checkout\" data-version=\"1\""));
     assert!(f.body.contains("no live node runs these live rows"));
+    assert!(f.body.contains("Rows are exact counts"), "{}", f.body);
+    db.close().await;
+}
+
+/// The overview's and the FSMs page's counts on a table too large to read whole: cheap
+/// index counts stay exact below the cap and say "1,000+" or "≈" past it; the statuses no
+/// index gives by queue are estimated from a sample and marked so; a small table's are
+/// all exact (the sample is the whole table).
+#[tokio::test]
+async fn counts_are_exact_where_cheap_and_marked_as_estimates_past_the_sample() {
+    let db = TestDb::new().await;
+    let app = router(db.pool().clone());
+    // A small table: exact everywhere.
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status)
+         SELECT 'Mail', 1, 'send', '{}', 'small',
+                (ARRAY['runnable', 'done', 'awaiting_signal'])[1 + g % 3]::gd_status
+           FROM generate_series(1, 30) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let o = get(&app, "/").await;
+    assert!(
+        o.body.contains("Every figure is an exact count"),
+        "{}",
+        o.body
+    );
+    let cell = |body: &str, queue: &str, status: &str| -> String {
+        let row = &body[body.find(&format!("data-queue=\"{queue}\"")).unwrap()..];
+        let at = row.find(&format!("data-status=\"{status}\"")).unwrap();
+        let td = &row[at..row[at..].find("</td>").unwrap() + at];
+        let kind = td.split("data-figure=\"").nth(1).unwrap();
+        let kind = &kind[..kind.find('"').unwrap()];
+        // The cell's text, without its tags (a non-zero count is a link).
+        let mut text = String::new();
+        let mut in_tag = false;
+        for c in td[td.find('>').unwrap() + 1..].chars() {
+            match c {
+                '<' => in_tag = true,
+                '>' => in_tag = false,
+                c if !in_tag => text.push(c),
+                _ => {}
+            }
+        }
+        format!("{kind} {text}")
+    };
+    assert_eq!(cell(&o.body, "small", "runnable"), "exact 10");
+    assert_eq!(cell(&o.body, "small", "done"), "exact 10");
+    assert_eq!(cell(&o.body, "small", "awaiting_signal"), "exact 10");
+    assert_eq!(cell(&o.body, "small", "failed"), "exact 0");
+
+    // 60,000 rows, with a fat state so that they span far more pages than the sample
+    // reads: "big" has 20,000 runnable rows (past the cap), "tiny" 5.
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status)
+         SELECT 'Report', 1 + g % 2, 'run', jsonb_build_object('pad', repeat('x', 400)), 'big',
+                CASE WHEN g % 3 = 0 THEN 'runnable' ELSE 'done' END::gd_status
+           FROM generate_series(1, 60000) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         SELECT 'Mail', 1, 'send', '{}', 'tiny' FROM generate_series(1, 5)",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let o = get(&app, "/").await;
+    assert!(o.body.contains("estimated from a sample of"), "{}", o.body);
+    let big_runnable = cell(&o.body, "big", "runnable");
+    assert!(
+        big_runnable.starts_with("estimate ≈") || big_runnable == "at-least 1,000+",
+        "{big_runnable}"
+    );
+    assert!(
+        cell(&o.body, "big", "done").starts_with("estimate ≈"),
+        "{}",
+        cell(&o.body, "big", "done")
+    );
+    assert_eq!(cell(&o.body, "tiny", "runnable"), "exact 5");
+    assert_eq!(cell(&o.body, "tiny", "executing"), "exact 0");
+    let f = get(&app, "/fsms").await;
+    assert!(f.body.contains("Rows are estimated"), "{}", f.body);
+    assert!(f.body.contains("data-fsm=\"Report\" data-version=\"2\""));
+    assert!(f.body.contains('≈'));
     db.close().await;
 }
 
@@ -411,13 +499,19 @@ async fn metrics_are_served_when_the_dashboard_has_a_recorder() {
     );
     let m = get(&app, "/metrics").await;
     assert_eq!(m.status, StatusCode::OK);
-    let depth = m
+    // Every queue has a line per status; the seeded runnable row is in one of them.
+    let runnable: f64 = m
         .body
         .lines()
-        .find(|l| l.starts_with("gen_durable_queue_depth{") && l.contains("status=\"runnable\""))
-        .unwrap_or_else(|| panic!("no runnable depth in:\n{}", m.body));
-    let value: f64 = depth.rsplit_once(' ').unwrap().1.parse().unwrap();
-    assert!(value >= 1.0, "{depth}");
+        .filter(|l| l.starts_with("gen_durable_queue_depth{") && l.contains("status=\"runnable\""))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert!(runnable >= 1.0, "no runnable depth in:\n{}", m.body);
+    assert!(
+        m.body.contains("status=\"done\"") && m.body.contains("status=\"awaiting_signal\""),
+        "{}",
+        m.body
+    );
     assert!(
         m.body.contains("gen_durable_queue_lag_seconds{"),
         "{}",
@@ -567,4 +661,102 @@ async fn get_as(app: &Router, path: &str, jar: &str) -> String {
         .body(Body::empty())
         .unwrap();
     send(app, req).await.body
+}
+
+/// Wrong operator tokens are limited per client address: after five within a minute, the
+/// address's POSTs — even with the right token — are answered 429 with `Retry-After`,
+/// while another address signs in as usual. Without the limit, guessing is unbounded.
+#[tokio::test]
+async fn wrong_tokens_are_rate_limited_per_client_address() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN),
+    );
+    let csrf = csrf_of(&app).await;
+    let from = |addr: &str, mut req: Request<Body>| {
+        let peer: SocketAddr = addr.parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req
+    };
+    let login = |token: &str| {
+        post(
+            "/login",
+            Some(&format!("gd_csrf={csrf}")),
+            &format!("csrf={csrf}&token={token}"),
+        )
+    };
+    let guesser = "203.0.113.7:40000";
+    for n in 0..5 {
+        let a = send(&app, from(guesser, login(&format!("guess-{n}")))).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "guess {n}: {}", a.body);
+    }
+    // Locked out: the right token is refused too, and so is a bearer action, from any
+    // port of that address; nothing runs.
+    let before = fingerprint(db.pool()).await;
+    let locked = app
+        .clone()
+        .oneshot(from("203.0.113.7:40001", login(TOKEN)))
+        .await
+        .unwrap();
+    assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = locked.headers()[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+    let bearer = Request::post(format!("/instances/{}/cancel", s.parked))
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::empty())
+        .unwrap();
+    let a = send(&app, from(guesser, bearer)).await;
+    assert_eq!(a.status, StatusCode::TOO_MANY_REQUESTS, "{}", a.body);
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a locked-out POST acted"
+    );
+    // Pages are still served to it.
+    let page = send(
+        &app,
+        from(guesser, Request::get("/").body(Body::empty()).unwrap()),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK);
+
+    // Another address is not affected.
+    let ok = send(&app, from("198.51.100.2:50000", login(TOKEN))).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.body);
+
+    // Wrong bearer tokens count as well; a request with no token at all does not.
+    let scripted = "198.51.100.9:1";
+    let no_token = || {
+        from(
+            scripted,
+            post(&format!("/instances/{}/cancel", s.parked), None, ""),
+        )
+    };
+    for _ in 0..10 {
+        assert_eq!(send(&app, no_token()).await.status, StatusCode::FORBIDDEN);
+    }
+    for _ in 0..5 {
+        let wrong = Request::post(format!("/instances/{}/cancel", s.parked))
+            .header(header::AUTHORIZATION, "Bearer nope")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap();
+        let a = send(&app, from(scripted, wrong)).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    }
+    assert_eq!(
+        send(&app, no_token()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    db.close().await;
 }

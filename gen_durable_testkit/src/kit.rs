@@ -7,9 +7,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use gen_durable::runtime::{NewInstance, StepInput, StepOutput};
 use gen_durable::{
-    Cancelled, Clock, Delivery, Entry, Error, Event, Fsm, FsmEntry, Gate, MigrateOptions,
-    Migration, MigrationReport, OutcomeKind, QueuePause, RateLimit, Registry, Result, Schedule,
-    Settled, Status, Target,
+    BulkAction, BulkReport, Cancelled, Clock, Delivery, Entry, Error, Event, Filter, Fsm, FsmEntry,
+    Gate, MigrateOptions, Migration, MigrationReport, OutcomeKind, QueuePause, RateLimit, Registry,
+    Result, Schedule, Settled, Status, Target,
 };
 use gen_durable::{ExplainFacts, Explanation};
 use serde_json::Value;
@@ -385,6 +385,40 @@ impl TestKit {
         ready(checked.and_then(|()| self.store.restart(id, step, now).answer(id)))
     }
 
+    /// Cancels every live instance `filter` matches, like `Client::cancel_where`: each as
+    /// [`TestKit::cancel`] cancels one (its live descendants with it), in batches of at most
+    /// [`gen_durable::BULK_BATCH`]. `dry_run`: counts the matches and changes nothing. The
+    /// same [`Error::InvalidInput`] for a filter that names neither a queue nor an FSM, or a
+    /// terminal status. No step runs between the kit's calls, so `after_current_step` and
+    /// `skipped` are 0.
+    pub fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Ready<Result<BulkReport>> {
+        let now = self.now();
+        ready(filter.matcher(BulkAction::Cancel, now).map(|m| {
+            if dry_run {
+                self.store.dry_run(&m)
+            } else {
+                self.store.cancel_where(&m, now)
+            }
+        }))
+    }
+
+    /// Retries every failed instance `filter` matches, like `Client::retry_where`: each as
+    /// [`TestKit::retry`] retries one, in batches of at most [`gen_durable::BULK_BATCH`]; one
+    /// whose parent moved on or whose unique key another instance holds is counted in
+    /// `skipped`. `dry_run`: counts the matches and changes nothing. The same
+    /// [`Error::InvalidInput`] for a filter that names neither a queue nor an FSM, or a
+    /// status other than `failed`.
+    pub fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Ready<Result<BulkReport>> {
+        let now = self.now();
+        ready(filter.matcher(BulkAction::Retry, now).map(|m| {
+            if dry_run {
+                self.store.dry_run(&m)
+            } else {
+                self.store.retry_where(&m, now)
+            }
+        }))
+    }
+
     /// Pauses `queue`, like `Client::pause_queue`: `run_until_idle` runs none of its rows
     /// until [`TestKit::resume_queue`]. True if it was not paused yet.
     pub fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Ready<Result<bool>> {
@@ -529,7 +563,11 @@ impl TestKit {
         to: i32,
         opts: MigrateOptions,
     ) -> Ready<Result<MigrationReport>> {
-        ready(self.store.migrate_instances(&self.registry, fsm, to, opts))
+        let now = self.now();
+        ready(
+            self.store
+                .migrate_instances(&self.registry, fsm, to, opts, now),
+        )
     }
 
     /// Runs every step that is due, one at a time in the pick's order, until nothing is
@@ -608,7 +646,8 @@ impl TestKit {
     /// FSM's entry, delivers signals sent while it ran, and commits its outcome. Returns
     /// the step and the committed kind; `None` if its migration failed (nothing ran).
     async fn run_one(&mut self, id: i64, now: DateTime<Utc>) -> Option<(String, OutcomeKind)> {
-        self.store.row_mut(id).expect("picked row exists").status = Status::Executing;
+        let row = self.store.row_mut(id).expect("picked row exists");
+        (row.status, row.updated_at) = (Status::Executing, now);
         let entry = self.upgrade(id, now)?;
         let row = self.store.row(id).expect("picked row exists");
         let input = StepInput {

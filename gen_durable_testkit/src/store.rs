@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::instance::Instance;
 
+mod bulk;
 mod explain;
 mod migration;
 
@@ -57,6 +58,9 @@ pub(crate) struct Row {
     pub(crate) max_reaps: i32,
     /// When a simulated worker claimed it (`TestKit::claim`): it is `executing` since.
     pub(crate) claimed_at: Option<DateTime<Utc>>,
+    /// When a statement last changed it, as every statement of the engine sets it: what
+    /// a bulk [`gen_durable::Filter`]'s time conditions read.
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 impl Row {
@@ -261,6 +265,7 @@ impl Store {
                     reaps: 0,
                     max_reaps: new.max_reaps,
                     claimed_at: None,
+                    updated_at: now,
                 },
             );
             inserted.push((id, parent));
@@ -322,6 +327,7 @@ impl Store {
             row.status = Status::Runnable;
             row.eligible_at = now;
             row.await_deadline = None;
+            row.updated_at = now;
         }
         DeliveryFound {
             id: Some(target),
@@ -474,6 +480,7 @@ impl Store {
                 r.awaits.clear();
                 r.await_deadline = None;
                 r.eligible_at = now;
+                r.updated_at = now;
                 n += 1;
             }
         }
@@ -512,6 +519,7 @@ impl Store {
             row.step = step.to_string();
         }
         row.state = out.state.clone();
+        row.updated_at = now;
         row.status = match &out.outcome {
             Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
             Outcome::Await { .. } if news => Status::Runnable,
@@ -572,6 +580,7 @@ impl Store {
         self.signals.retain(|_, s| s.target != id);
         if let Some(p) = parent.and_then(|p| self.rows.get_mut(&p)) {
             p.children_pending -= 1;
+            p.updated_at = now;
             if p.status == Status::AwaitingChildren && p.children_pending == 0 {
                 p.status = Status::Runnable;
                 p.eligible_at = now;
@@ -594,6 +603,7 @@ impl Store {
         }
         row.claimed_at = None;
         row.status = Status::Runnable;
+        row.updated_at = now;
         row.attempt += 1;
         row.reaps += 1;
         row.eligible_at = now;
@@ -620,6 +630,7 @@ impl Store {
             Some(row) if row.status == Status::Runnable && row.eligible_at <= now => {
                 row.status = Status::Executing;
                 row.claimed_at = Some(now);
+                row.updated_at = now;
                 true
             }
             _ => false,
@@ -663,6 +674,7 @@ impl Store {
                 row.status = Status::Failed;
                 row.last_error = Some("cancelled".to_string());
                 row.await_deadline = None;
+                row.updated_at = now;
                 failed.push((t, row.parent_id));
             }
         }
@@ -729,8 +741,10 @@ impl Store {
         row.children_pending = live;
         row.await_deadline = None;
         row.eligible_at = now;
+        row.updated_at = now;
         if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {
             p.children_pending += 1;
+            p.updated_at = now;
         }
         RetryFound::Retried
     }
@@ -804,8 +818,10 @@ impl Store {
         row.result = None;
         row.children_pending = 0;
         row.eligible_at = now;
+        row.updated_at = now;
         if let Some(p) = rearm.and_then(|p| self.rows.get_mut(&p)) {
             p.children_pending += 1;
+            p.updated_at = now;
         }
         RestartFound::Restarted
     }

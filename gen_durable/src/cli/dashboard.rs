@@ -54,7 +54,10 @@ pub(crate) async fn run(
         Ok(handle) => config.with_metrics(handle),
         Err(_) => config,
     };
-    axum::serve(listener, router_with(pool.clone(), config))
+    // With the peer's address, so that wrong operator tokens are limited per client.
+    let app = router_with(pool.clone(), config)
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

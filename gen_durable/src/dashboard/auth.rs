@@ -6,7 +6,8 @@
 //! the page's CSRF token in the form: a browser sends the cookie along with a forged
 //! cross-site POST, but the forger cannot read the `gd_csrf` cookie to copy its value
 //! into the form. Both cookies are `SameSite=Strict`, so a cross-site POST carries
-//! neither anyway. Tokens are compared in constant time ([`subtle`]).
+//! neither anyway. Tokens are compared in constant time ([`subtle`]), and wrong ones are
+//! rate-limited per client address ([`super::throttle`]).
 
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, COOKIE, LOCATION, SET_COOKIE};
@@ -20,6 +21,7 @@ use subtle::ConstantTimeEq;
 
 use super::error::DashboardError;
 use super::layout;
+use super::throttle::TokenRejected;
 use super::AppState;
 
 /// The cookie holding the CSRF token of a browser.
@@ -103,6 +105,12 @@ fn proof(state: &AppState, headers: &HeaderMap) -> Option<Proof> {
     same(&signed_in, &hex(token.as_bytes())).then_some(Proof::Cookie)
 }
 
+/// Whether the request carries a token at all (a bearer token or the sign-in cookie): a
+/// wrong one counts against its address ([`super::throttle`]), a missing one does not.
+fn presents_token(headers: &HeaderMap) -> bool {
+    headers.contains_key(AUTHORIZATION) || cookie(headers, TOKEN_COOKIE).is_some()
+}
+
 /// Whether this request comes from a signed-in operator (pages show the action forms).
 pub(crate) fn is_operator(state: &AppState, headers: &HeaderMap) -> bool {
     proof(state, headers).is_some()
@@ -118,6 +126,7 @@ pub(crate) fn authorize(
         return Err(DashboardError::ReadOnly);
     }
     match proof(state, headers) {
+        None if presents_token(headers) => Err(DashboardError::WrongToken),
         None => Err(DashboardError::NotSignedIn),
         Some(Proof::Bearer) => Ok(()),
         Some(Proof::Cookie) => check_csrf(headers, form_csrf),
@@ -179,7 +188,9 @@ pub(crate) async fn login(
     check_csrf(&headers, &form.csrf)?;
     if !same(&form.token, token) {
         let page = login_form(&csrf, Some("That is not the operator token."));
-        return Ok((StatusCode::FORBIDDEN, page).into_response());
+        let mut res = (StatusCode::FORBIDDEN, page).into_response();
+        res.extensions_mut().insert(TokenRejected);
+        return Ok(res);
     }
     let cookie = format!(
         "{TOKEN_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",

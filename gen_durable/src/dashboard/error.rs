@@ -15,9 +15,13 @@ pub enum DashboardError {
         "this dashboard is read-only: start it with an operator token (--auth-token-env) to act"
     )]
     ReadOnly,
-    /// The request carries no valid operator token (403).
+    /// The request carries no operator token (403).
     #[error("sign in with the operator token first")]
     NotSignedIn,
+    /// The request carries an operator token (bearer or sign-in cookie) that is not the
+    /// dashboard's (403); it counts towards the address's limit of wrong tokens.
+    #[error("that is not the operator token")]
+    WrongToken,
     /// The form's CSRF token is missing or is not this browser's (403).
     #[error("the form's CSRF token does not match this browser's: reload the page and try again")]
     Csrf,
@@ -47,9 +51,10 @@ impl From<crate::Error> for DashboardError {
 impl DashboardError {
     fn status(&self) -> StatusCode {
         match self {
-            DashboardError::ReadOnly | DashboardError::NotSignedIn | DashboardError::Csrf => {
-                StatusCode::FORBIDDEN
-            }
+            DashboardError::ReadOnly
+            | DashboardError::NotSignedIn
+            | DashboardError::WrongToken
+            | DashboardError::Csrf => StatusCode::FORBIDDEN,
             DashboardError::NotFound(_) => StatusCode::NOT_FOUND,
             DashboardError::BadRequest(_) => StatusCode::BAD_REQUEST,
             DashboardError::Refused(_) => StatusCode::CONFLICT,
@@ -71,6 +76,11 @@ impl IntoResponse for DashboardError {
                 p { a href="/" { "Back to the overview" } }
             },
         );
-        (status, page).into_response()
+        let rejected = matches!(self, DashboardError::WrongToken);
+        let mut res = (status, page).into_response();
+        if rejected {
+            res.extensions_mut().insert(super::throttle::TokenRejected);
+        }
+        res
     }
 }

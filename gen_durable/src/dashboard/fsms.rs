@@ -1,6 +1,11 @@
 //! `/fsms`: the FSM versions live nodes register (`gd_nodes.fsms`, `name@version`) next
 //! to the versions present in rows, so an operator sees rows of a version no live node
 //! runs, and versions nodes run that no row uses any more.
+//!
+//! No index has the FSM, so the rows are counted in a sample of about
+//! `counts::SAMPLE_PAGES` pages: exact while the table is that small, estimates ("≈")
+//! past it, and a version with few rows may be missing — the page says so, and points at
+//! `gen_durable status`, which counts the live rows no live node runs exactly.
 
 use std::collections::BTreeMap;
 
@@ -13,15 +18,16 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::Page;
 use super::AppState;
-use crate::store::pg::{admin, dashboard};
+use crate::counts::Figure;
+use crate::store::pg::{admin, counts, dashboard};
 
 /// One (FSM, version) line.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct VersionLine {
     /// Live nodes that register it.
     nodes: Vec<String>,
-    live_rows: i64,
-    rows: i64,
+    live_rows: Figure,
+    rows: Figure,
 }
 
 /// `name@version` → (name, version); the version is after the last `@` (a name may
@@ -38,19 +44,35 @@ pub(crate) async fn page(
 ) -> Result<Page, DashboardError> {
     let now = admin::db_now(&state.pool, None).await?;
     let nodes = admin::nodes(&state.pool, Some(now)).await?;
-    let present = dashboard::fsm_versions(&state.pool).await?;
+    let pages = counts::table_pages(&state.pool).await?;
+    let percent = counts::sample_percent(pages);
+    let exact = percent >= 100.0;
+    let present = dashboard::fsm_versions_sampled(&state.pool, percent).await?;
+    let figure = |n: i64| {
+        if exact {
+            Figure::Exact(n)
+        } else {
+            Figure::About((n as f64 * 100.0 / percent).round() as i64)
+        }
+    };
+    let empty = || VersionLine {
+        nodes: Vec::new(),
+        live_rows: figure(0),
+        rows: figure(0),
+    };
     let mut lines: BTreeMap<(String, i32), VersionLine> = BTreeMap::new();
     for n in nodes.iter().filter(|n| n.live) {
         for tag in &n.fsms {
             if let Some(key) = split_tag(tag) {
-                lines.entry(key).or_default().nodes.push(n.node_id.clone());
+                let line = lines.entry(key).or_insert_with(empty);
+                line.nodes.push(n.node_id.clone());
             }
         }
     }
     for p in present {
-        let line = lines.entry((p.fsm, p.fsm_version)).or_default();
-        line.live_rows = p.live;
-        line.rows = p.rows;
+        let line = lines.entry((p.fsm, p.fsm_version)).or_insert_with(empty);
+        line.live_rows = figure(p.live);
+        line.rows = figure(p.rows);
     }
     let live_nodes = nodes.iter().filter(|n| n.live).count();
     let operator = auth::is_operator(&state, &headers);
@@ -70,13 +92,24 @@ pub(crate) async fn page(
                         td.n { (l.live_rows) }
                         td.n { (l.rows) }
                         td {
-                            @if l.nodes.is_empty() && l.live_rows > 0 {
+                            @if l.nodes.is_empty() && l.live_rows.value() > 0 {
                                 span.error.unrun { "no live node runs these live rows" }
-                            } @else if !l.nodes.is_empty() && l.rows == 0 {
-                                span.note { "no row of this version" }
+                            } @else if !l.nodes.is_empty() && l.rows.value() == 0 {
+                                span.note {
+                                    @if exact { "no row of this version" } @else { "none in the sample" }
+                                }
                             }
                         }
                     }
+                }
+            }
+            p.note id="how-counted" {
+                @if exact {
+                    "Rows are exact counts (the whole table: " (Figure::Exact(pages)) " pages)."
+                } @else {
+                    "Rows are estimated (≈) from a sample of " (format!("{percent:.2}")) "% of the table's " (Figure::Exact(pages))
+                    " pages (TABLESAMPLE SYSTEM): no index has the FSM, and counting every row would read the whole table. "
+                    "A version with few rows may be missing; `gen_durable status` lists the live rows no live node runs, exactly (a full scan)."
                 }
             }
         }

@@ -23,6 +23,10 @@
 //! TOKEN`; every action is a POST whose token is compared in constant time, and a form
 //! must also carry the CSRF token of its page (double submit: a random value in a
 //! `SameSite=Strict` cookie and in the form's hidden field, compared in constant time).
+//! After 5 wrong tokens from one client address within a minute, its POSTs are answered
+//! 429 with `Retry-After` (the address is the TCP peer: serve the router with
+//! `into_make_service_with_connect_info::<SocketAddr>()`, as `gen_durable dashboard`
+//! does, or every client shares one limit).
 //! Put the dashboard behind TLS when it leaves localhost: the token travels in clear.
 
 mod actions;
@@ -37,6 +41,7 @@ mod layout;
 mod metrics;
 mod operator;
 mod overview;
+mod throttle;
 
 use std::fmt;
 use std::sync::Arc;
@@ -101,6 +106,8 @@ pub(crate) struct AppState {
     pub(crate) token: Option<Arc<str>>,
     /// `None`: no `/metrics`.
     pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
+    /// Wrong operator tokens by client address.
+    pub(crate) throttle: Arc<throttle::Throttle>,
 }
 
 /// A read-only dashboard over `pool`: pages only, every action refused.
@@ -115,6 +122,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         pool,
         token: config.operator_token.map(Arc::from),
         metrics: config.metrics,
+        throttle: Arc::default(),
     };
     Router::new()
         .route("/", get(overview::page))
@@ -125,6 +133,10 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))
         .merge(actions::routes(read_only))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            throttle::limit,
+        ))
         .layer(axum::middleware::from_fn(auth::csrf_cookie))
         .layer(axum::middleware::map_response(layout::security_headers))
         .with_state(state)

@@ -1,30 +1,28 @@
 //! `/`: every queue's counts by status and lag, the throughput of the last 30 minutes,
-//! paused queues, expired leases, the periodic schedules and the nodes. The counts, the
-//! schedules and the nodes are `status`'s own statements (`store::pg::admin`); the chart
-//! and the pauses are the dashboard's.
-
-use std::collections::BTreeMap;
+//! paused queues, expired leases, the periodic schedules and the nodes. The schedules,
+//! the nodes and the expired leases are `status`'s own statements (`store::pg::admin`);
+//! the chart and the pauses are the dashboard's. The counts are `crate::counts`': exact
+//! where an index gives them cheaply (up to [`EXACT_CAP`]), estimated from a sample of
+//! the table where none does, each figure marked as what it is — unlike `gen_durable
+//! status`, which reads the whole table for exact counts, a page must stay fast at any
+//! size.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Extension;
-use chrono::{DateTime, Utc};
 use maud::html;
 
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::{chart, AppState};
+use crate::counts::{self, Figure};
 use crate::store::pg::{admin, dashboard};
 use crate::Status;
 
-/// One queue's line.
-#[derive(Debug, Default)]
-struct QueueLine {
-    counts: BTreeMap<Status, i64>,
-    ready: i64,
-    oldest_ready: Option<DateTime<Utc>>,
-}
+/// Where the overview stops counting runnable, ready and executing rows exactly: past it a
+/// figure shows the sample's estimate, or "1,000+".
+const EXACT_CAP: i64 = 1_000;
 
 pub(crate) async fn page(
     State(state): State<AppState>,
@@ -34,24 +32,24 @@ pub(crate) async fn page(
     let pool = &state.pool;
     // One clock for every figure of the page: the database's.
     let now = admin::db_now(pool, None).await?;
-    let cells = admin::queue_status(pool, Some(now)).await?;
     let first = chart::first_minute(now);
-    let minutes = dashboard::throughput(pool, first).await?;
-    let pauses = dashboard::pauses(pool).await?;
-    let expired = admin::expired_leases(pool, Some(now)).await?;
-    let nodes = admin::nodes(pool, Some(now)).await?;
-    let schedules = admin::schedules(pool).await?;
-
-    let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
-    for c in cells {
-        let q = queues.entry(c.queue).or_default();
-        q.counts.insert(c.status, c.count);
-        q.ready += c.ready;
-        // Only the runnable cell has one.
-        if c.oldest_ready.is_some() {
-            q.oldest_ready = c.oldest_ready;
-        }
-    }
+    // Independent reads, each on its own connection: the page waits for the slowest.
+    let (minutes, pauses, expired, nodes, schedules) = tokio::try_join!(
+        dashboard::throughput(pool, first),
+        dashboard::pauses(pool),
+        admin::expired_leases(pool, Some(now)),
+        admin::nodes(pool, Some(now)),
+        admin::schedules(pool),
+    )?;
+    // Queues a node picks from or an operator paused are listed even with no row.
+    let mut known: Vec<&str> = nodes
+        .iter()
+        .flat_map(|n| n.queues.iter())
+        .map(String::as_str)
+        .collect();
+    known.extend(pauses.iter().map(|p| p.queue.as_str()));
+    let counts = counts::queue_counts(pool, Some(now), EXACT_CAP, &known).await?;
+    let queues = &counts.queues;
     let operator = auth::is_operator(&state, &headers);
     let paused: std::collections::BTreeSet<&str> =
         pauses.iter().map(|p| p.queue.as_str()).collect();
@@ -90,18 +88,19 @@ pub(crate) async fn page(
                     th { "ready now" } th { "lag of the oldest ready" }
                     @if operator { th {} }
                 }
-                @for (name, q) in &queues {
+                @for q in queues {
+                    @let name = &q.queue;
                     tr data-queue=(name) {
                         td { a href=(format!("/instances?queue={}", urlencode(name))) { (name) } }
                         @for s in Status::ALL {
-                            @let n = q.counts.get(&s).copied().unwrap_or(0);
-                            td.n data-status=(s.as_str()) {
-                                @if n > 0 {
-                                    a href=(format!("/instances?queue={}&status={}", urlencode(name), s.as_str())) { (n) }
-                                } @else { "0" }
+                            @let f = q.by_status.get(&s).copied().unwrap_or(Figure::Exact(0));
+                            td.n data-status=(s.as_str()) data-figure=(figure_kind(f)) {
+                                @if f.value() > 0 {
+                                    a href=(format!("/instances?queue={}&status={}", urlencode(name), s.as_str())) { (f) }
+                                } @else { (f) }
                             }
                         }
-                        td.n { (q.ready) }
+                        td.n data-figure=(figure_kind(q.ready)) { (q.ready) }
                         td.n.lag {
                             @match q.oldest_ready {
                                 Some(t) => (layout::span((now - t).num_milliseconds() as f64 / 1000.0)),
@@ -123,6 +122,7 @@ pub(crate) async fn page(
                 }
             }
             p.note { "ready now: runnable rows whose time has come; lag: how long the oldest of them has waited." }
+            p.note id="how-counted" { (how_counted(&counts)) }
         }
         h2 { "Finished per minute, last " (chart::MINUTES) " minutes" }
         (chart::throughput(first, &minutes))
@@ -191,6 +191,40 @@ pub(crate) async fn page(
     };
     Ok(Page::new("Overview", body)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
+}
+
+/// How a figure was obtained, for the cell's `data-figure` (tests and scripts read it).
+fn figure_kind(f: Figure) -> &'static str {
+    match f {
+        Figure::Exact(_) => "exact",
+        Figure::AtLeast(_) => "at-least",
+        Figure::About(_) => "estimate",
+    }
+}
+
+/// The note under the queue table: which figures are counted, bounded or estimated.
+fn how_counted(c: &counts::Counts) -> String {
+    let cap = Figure::Exact(c.cap);
+    let counted = format!(
+        "runnable, ready now and executing are counted through their indexes up to {cap} \
+         (past it: \"{cap}+\", or the sample's estimate \"≈\" when it is higher)"
+    );
+    if c.sample_percent >= 100.0 {
+        format!(
+            "Every figure is an exact count: {counted}, the other statuses by reading the \
+             whole table ({} pages).",
+            Figure::Exact(c.pages)
+        )
+    } else {
+        format!(
+            "{counted}. awaiting_signal, awaiting_children, done and failed have no index by \
+             queue: \"≈\" figures are estimated from a sample of {:.2}% of the table's {} \
+             pages (TABLESAMPLE SYSTEM), so a queue with few such rows may show ≈0. \
+             `gen_durable status` counts every row exactly (a full scan).",
+            c.sample_percent,
+            Figure::Exact(c.pages)
+        )
+    }
 }
 
 /// A query-string value, percent-encoded (queue names are free text).

@@ -110,15 +110,10 @@ impl Filter {
         self
     }
 
-    /// The statement's parameters for an action that takes `allowed` statuses (all of
-    /// them when the filter names none), or the [`Error::InvalidInput`] saying what is
-    /// wrong with the filter.
-    fn params(
-        &self,
-        action: &'static str,
-        allowed: &[Status],
-        now: Option<DateTime<Utc>>,
-    ) -> Result<FilterParams<'_>> {
+    /// The statuses an action that takes `allowed` statuses acts on (all of them when the
+    /// filter names none), or the [`Error::InvalidInput`] saying what is wrong with the
+    /// filter: the checks both engines make before anything is read.
+    fn checked(&self, action: &'static str, allowed: &'static [Status]) -> Result<Vec<Status>> {
         let bad = |reason: String| Error::InvalidInput {
             what: "filter",
             reason,
@@ -150,11 +145,16 @@ impl Filter {
                 allowed.join(", ")
             )));
         }
-        let statuses = if self.statuses.is_empty() {
-            allowed
+        Ok(if self.statuses.is_empty() {
+            allowed.to_vec()
         } else {
-            &self.statuses
-        };
+            self.statuses.clone()
+        })
+    }
+
+    /// The statement's parameters for `action` (see [`Filter::checked`]).
+    fn params(&self, action: BulkAction, now: Option<DateTime<Utc>>) -> Result<FilterParams<'_>> {
+        let statuses = self.checked(action.name(), action.takes())?;
         Ok(FilterParams {
             queue: self.queue.as_deref(),
             fsm: self.fsm.as_deref(),
@@ -166,6 +166,84 @@ impl Filter {
             key_prefix: self.key_prefix.as_deref(),
             now,
         })
+    }
+
+    /// The filter checked for `action` as `Client::cancel_where` / `retry_where` check it,
+    /// as a predicate on a row at `now` — for an engine that has no SQL (the testkit).
+    #[doc(hidden)]
+    pub fn matcher(&self, action: BulkAction, now: DateTime<Utc>) -> Result<FilterMatch> {
+        let statuses = self.checked(action.name(), action.takes())?;
+        // The statement compares with `now - older_than` built from whole milliseconds.
+        let older = self
+            .older_than
+            .map(|age| now - chrono::Duration::milliseconds(millis(age)));
+        Ok(FilterMatch {
+            filter: self.clone(),
+            statuses,
+            older,
+        })
+    }
+}
+
+/// Which bulk action a filter is for: what it takes, and its name in errors.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    /// `cancel_where`: the live statuses.
+    Cancel,
+    /// `retry_where`: `failed` only.
+    Retry,
+}
+
+impl BulkAction {
+    fn name(self) -> &'static str {
+        match self {
+            BulkAction::Cancel => "cancel",
+            BulkAction::Retry => "retry",
+        }
+    }
+
+    fn takes(self) -> &'static [Status] {
+        match self {
+            BulkAction::Cancel => &LIVE,
+            BulkAction::Retry => &[Status::Failed],
+        }
+    }
+}
+
+/// A checked [`Filter`] as a predicate on one row: exactly the conditions of the
+/// statement `store::pg::bulk` runs (a NULL key never matches a prefix).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct FilterMatch {
+    filter: Filter,
+    statuses: Vec<Status>,
+    /// `now - older_than`.
+    older: Option<DateTime<Utc>>,
+}
+
+impl FilterMatch {
+    /// Whether a row with these columns matches.
+    pub fn matches(
+        &self,
+        queue: &str,
+        fsm: &str,
+        version: i32,
+        status: Status,
+        updated_at: DateTime<Utc>,
+        unique_key: Option<&str>,
+    ) -> bool {
+        let f = &self.filter;
+        f.queue.as_deref().is_none_or(|q| q == queue)
+            && f.fsm.as_deref().is_none_or(|n| n == fsm)
+            && f.version.is_none_or(|v| v == version)
+            && self.statuses.contains(&status)
+            && f.updated_before.is_none_or(|t| updated_at < t)
+            && f.updated_after.is_none_or(|t| updated_at > t)
+            && self.older.is_none_or(|t| updated_at < t)
+            && f.key_prefix
+                .as_deref()
+                .is_none_or(|p| unique_key.is_some_and(|k| k.starts_with(p)))
     }
 }
 
@@ -205,7 +283,7 @@ impl Client {
     /// FSM, or a terminal status, is [`Error::InvalidInput`] (nothing written).
     pub async fn cancel_where(&self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
         let now = self.clock().now_param();
-        let p = filter.params("cancel", &LIVE, now)?;
+        let p = filter.params(BulkAction::Cancel, now)?;
         if dry_run {
             return self.dry_run(&p).await;
         }
@@ -239,7 +317,7 @@ impl Client {
     /// [`Error::InvalidInput`] (nothing written).
     pub async fn retry_where(&self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
         let now = self.clock().now_param();
-        let p = filter.params("retry", &[Status::Failed], now)?;
+        let p = filter.params(BulkAction::Retry, now)?;
         if dry_run {
             return self.dry_run(&p).await;
         }

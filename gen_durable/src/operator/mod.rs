@@ -7,6 +7,6 @@ mod bulk;
 mod pause;
 mod restart;
 
-pub use bulk::{BulkReport, Filter, BULK_BATCH};
+pub use bulk::{BulkAction, BulkReport, Filter, FilterMatch, BULK_BATCH};
 pub use pause::{check_queue, QueuePause};
 pub use restart::{check_restart_step, RestartFound};

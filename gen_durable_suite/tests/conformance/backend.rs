@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use gen_durable::{
-    Cancelled, Explanation, MigrateOptions, MigrationReport, Registry, Schedule, Settled, Target,
+    BulkReport, Cancelled, Explanation, Filter, MigrateOptions, MigrationReport, Registry,
+    Schedule, Settled, Target,
 };
 use gen_durable::{
     Client, Clock, Delivery, Engine, Entry, Event, Fsm, OutcomeKind, QueueConfig, Result,
@@ -96,6 +97,10 @@ pub trait Backend {
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool>;
     /// `set_rate_limit`: true if the limit is new or changed.
     async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool>;
+    /// `cancel_where`: every live instance `filter` matches (`dry_run`: only counted).
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport>;
+    /// `retry_where`: every failed instance `filter` matches (`dry_run`: only counted).
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport>;
     /// `pause_queue`: true if newly paused.
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool>;
     /// `resume_queue`: true if it was paused.
@@ -249,6 +254,12 @@ impl Backend for Kit {
     }
     async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool> {
         self.kit.set_rate_limit(name, limit).await
+    }
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.kit.cancel_where(filter, dry_run).await
+    }
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.kit.retry_where(filter, dry_run).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.kit.pause_queue(queue, reason).await
@@ -491,6 +502,12 @@ impl Backend for Pg {
     }
     async fn set_rate_limit(&mut self, name: &str, limit: gen_durable::RateLimit) -> Result<bool> {
         self.client.set_rate_limit(name, limit).await
+    }
+    async fn cancel_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.client.cancel_where(filter, dry_run).await
+    }
+    async fn retry_where(&mut self, filter: &Filter, dry_run: bool) -> Result<BulkReport> {
+        self.client.retry_where(filter, dry_run).await
     }
     async fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Result<bool> {
         self.client.pause_queue(queue, reason).await

@@ -1,7 +1,9 @@
-//! Operator actions on both engines: pausing a queue, and restarting an instance from a
-//! named step.
+//! Operator actions on both engines: pausing a queue, restarting an instance from a
+//! named step, and cancelling or retrying every instance a filter matches.
 
-use gen_durable::{Error, Status};
+use std::time::Duration;
+
+use gen_durable::{BulkReport, Error, Filter, Status};
 use serde_json::json;
 
 use crate::backend::{Backend, Opts};
@@ -244,4 +246,219 @@ pub async fn restart_of_a_finished_instance_whose_key_is_held_is_a_duplicate<B: 
     assert!(matches!(e, Error::Duplicate { .. }), "{e}");
     b.get(first).await.assert_done(json!({ "total": 111 }));
     assert_eq!(b.get_by_key(&key).await.id, holder);
+}
+
+/// What a bulk action could change of each row.
+async fn rows_of<B: Backend>(b: &mut B, ids: &[i64]) -> Vec<String> {
+    let mut out = Vec::new();
+    for &id in ids {
+        let i = b.get(id).await;
+        out.push(format!(
+            "{} {:?} {} {} {:?} {} {:?}",
+            i.id,
+            i.status,
+            i.step,
+            i.attempt,
+            i.last_error,
+            i.eligible_at,
+            i.inbox.len()
+        ));
+    }
+    out
+}
+
+/// A bulk action's report, as (matched, changed, skipped, batches, dry_run).
+fn counts(r: BulkReport) -> (u64, u64, u64, u64, bool) {
+    assert_eq!(r.after_current_step, 0, "no step runs between calls: {r:?}");
+    (r.matched, r.changed, r.skipped, r.batches, r.dry_run)
+}
+
+pub async fn a_bulk_dry_run_counts_and_changes_nothing<B: Backend>(b: &mut B) {
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(
+            b.insert::<Waiter>(S::default(), Opts::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let failed = b
+        .insert::<Plain>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    let ids = [waiters.clone(), vec![failed]].concat();
+    let unchanged = rows_of(b, &ids).await;
+
+    let conf = Filter::new().with_queue("conf");
+    let r = b.cancel_where(&conf, true).await.unwrap();
+    assert_eq!(counts(r), (3, 0, 0, 0, true), "the live ones: {r:?}");
+    let r = b
+        .retry_where(&Filter::new().with_fsm("Plain"), true)
+        .await
+        .unwrap();
+    assert_eq!(counts(r), (1, 0, 0, 0, true), "{r:?}");
+    let r = b
+        .cancel_where(&conf.clone().with_statuses([Status::Runnable]), true)
+        .await
+        .unwrap();
+    assert_eq!(r.matched, 0);
+
+    // A filter that names neither a queue nor an FSM, a status the action does not take,
+    // a version without an FSM: refused, nothing read or written.
+    let refused = [
+        b.cancel_where(&Filter::new(), true).await,
+        b.cancel_where(&Filter::new(), false).await,
+        b.cancel_where(&conf.clone().with_statuses([Status::Done]), false)
+            .await,
+        b.retry_where(&conf.clone().with_statuses([Status::Runnable]), false)
+            .await,
+        b.retry_where(&conf.clone().with_version(1), false).await,
+    ];
+    for e in refused {
+        assert!(
+            matches!(e, Err(Error::InvalidInput { what: "filter", .. })),
+            "{e:?}"
+        );
+    }
+    assert_eq!(
+        rows_of(b, &ids).await,
+        unchanged,
+        "a dry run or a refusal changed a row"
+    );
+}
+
+pub async fn cancel_where_cancels_the_matches_with_their_live_children<B: Backend>(b: &mut B) {
+    let w1 = b
+        .insert::<Waiter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let w2 = b
+        .insert::<Waiter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let holder = b
+        .insert::<Holder>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    let kids = b.get(holder).await.children;
+    assert_eq!(kids.len(), 2);
+    // A live row of another queue, kept runnable by a pause.
+    b.pause_queue("par", None).await.unwrap();
+    let tag = format!("{}:other", b.tag());
+    let other = b
+        .insert::<Parted>(S::tagged(&tag), Opts::default())
+        .await
+        .unwrap();
+
+    // By FSM: the parent, and its live children with it.
+    let r = b
+        .cancel_where(&Filter::new().with_fsm("Holder"), false)
+        .await
+        .unwrap();
+    assert_eq!(counts(r), (1, 3, 0, 1, false), "{r:?}");
+    b.get(holder).await.assert_failed("cancelled");
+    for k in &kids {
+        b.get(*k).await.assert_failed("cancelled");
+    }
+    // By queue and status: nothing of "conf" is runnable.
+    let r = b
+        .cancel_where(
+            &Filter::new()
+                .with_queue("conf")
+                .with_statuses([Status::Runnable]),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(counts(r), (0, 0, 0, 0, false));
+    // By queue, FSM and version: the two waiters left, not the other queue's row.
+    let r = b
+        .cancel_where(
+            &Filter::new()
+                .with_queue("conf")
+                .with_fsm("Waiter")
+                .with_version(1)
+                .with_statuses([Status::AwaitingSignal]),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(counts(r), (2, 2, 0, 1, false), "{r:?}");
+    for id in [w1, w2] {
+        b.get(id).await.assert_failed("cancelled");
+    }
+    b.get(other).await.assert_status(Status::Runnable);
+    let r = b
+        .cancel_where(&Filter::new().with_queue("conf"), false)
+        .await
+        .unwrap();
+    assert_eq!(r.matched, 0, "nothing live is left in conf: {r:?}");
+    b.resume_queue("par").await.unwrap();
+    b.run().await;
+    b.get(other).await.assert_status(Status::Done);
+}
+
+pub async fn retry_where_retries_the_failed_matches_and_skips_a_taken_key<B: Backend>(b: &mut B) {
+    let old1 = b
+        .insert::<Plain>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let old2 = b
+        .insert::<Plain>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    let cancelled = b
+        .insert::<Waiter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.cancel(cancelled).await.unwrap();
+    b.advance(Duration::from_secs(7200)).await;
+    let key = format!("{}:keyed", b.tag());
+    let recent = b
+        .insert::<Plain>(S::default(), Opts::default().unique_key(&key))
+        .await
+        .unwrap();
+    b.run().await;
+    b.get(recent).await.assert_failed("bad input");
+
+    // Failed over an hour ago, of FSM Plain: not the recent one, not the cancelled Waiter.
+    let stale = Filter::new()
+        .with_fsm("Plain")
+        .with_older_than(Duration::from_secs(3600));
+    let r = b.retry_where(&stale, true).await.unwrap();
+    assert_eq!(counts(r), (2, 0, 0, 0, true));
+    let r = b.retry_where(&stale, false).await.unwrap();
+    assert_eq!(counts(r), (2, 2, 0, 1, false), "{r:?}");
+    for id in [old1, old2] {
+        let i = b.get(id).await;
+        i.assert_status(Status::Runnable);
+        assert_eq!(i.attempt, 0);
+    }
+    b.get(recent).await.assert_status(Status::Failed);
+    b.get(cancelled).await.assert_failed("cancelled");
+    // They fail again now: no longer over an hour old.
+    b.run().await;
+    b.get(old1).await.assert_failed("bad input");
+    assert_eq!(b.retry_where(&stale, false).await.unwrap().matched, 0);
+
+    // By key prefix: the recent one, whose key another instance now holds — skipped.
+    let holder = b
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
+        .await
+        .unwrap();
+    let keyed = Filter::new().with_queue("conf").with_key_prefix(&key);
+    let r = b.retry_where(&keyed, false).await.unwrap();
+    assert_eq!(counts(r), (1, 0, 1, 1, false), "{r:?}");
+    b.get(recent).await.assert_status(Status::Failed);
+    // Once the holder is cancelled both are failed and match: the first (by id) takes the
+    // key back, the second is skipped.
+    b.cancel(holder).await.unwrap();
+    let r = b.retry_where(&keyed, false).await.unwrap();
+    assert_eq!(counts(r), (2, 1, 1, 1, false), "{r:?}");
+    b.get(recent).await.assert_status(Status::Runnable);
+    b.get(holder).await.assert_failed("cancelled");
+    assert_eq!(b.get_by_key(&key).await.id, recent);
 }

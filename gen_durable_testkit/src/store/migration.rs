@@ -6,6 +6,7 @@
 //! Batches make no difference here: no step runs while the kit's caller holds it, so
 //! no row is ever locked or executing, and one pass over the rows by id is every batch.
 
+use chrono::{DateTime, Utc};
 use gen_durable::{BulkPass, MigrateOptions, MigrationReport, Registry, Result, Status};
 
 use super::{Row, Store};
@@ -75,6 +76,7 @@ impl Store {
         fsm: &str,
         to: i32,
         opts: MigrateOptions,
+        now: DateTime<Utc>,
     ) -> Result<MigrationReport> {
         let versions = self.old_versions(fsm, to);
         let mut pass = BulkPass::new(registry, fsm, to, &versions, opts.dry_run)?;
@@ -87,12 +89,12 @@ impl Store {
             for (id, m) in moved {
                 let row = self.rows.get_mut(&id).expect("a movable row exists");
                 (row.version, row.state, row.step) = (m.version, m.state, m.step.into());
+                row.updated_at = now;
             }
             for (id, error) in failed {
-                self.rows
-                    .get_mut(&id)
-                    .expect("a movable row exists")
-                    .last_error = Some(error);
+                let row = self.rows.get_mut(&id).expect("a movable row exists");
+                row.last_error = Some(error);
+                row.updated_at = now;
             }
         }
         let (executing, other) = self.left(fsm, to);

@@ -110,47 +110,6 @@ pub(crate) async fn queue_status<'e>(
     Ok(sqlx::query_as(QUEUE_STATUS).bind(now).fetch_all(db).await?)
 }
 
-/// The gauges of `gen_durable::metrics::observe_queues`, per queue: runnable rows, those
-/// due now, the age of the oldest due one, and executing rows. Read through the pick index
-/// (runnable) and the lease index (executing), never the whole table, so a scrape costs
-/// the live rows. A queue with nothing runnable or executing is reported at zero while it
-/// has a row in either (queues with neither are left out).
-const LIVE_QUEUE_GAUGES: &str = r#"/* gd:admin */
-WITH r AS (
-    SELECT queue, count(*) AS runnable,
-           count(*) FILTER (WHERE eligible_at <= coalesce($1, now())) AS ready,
-           min(eligible_at) FILTER (WHERE eligible_at <= coalesce($1, now())) AS oldest
-      FROM gd_instances WHERE status = 'runnable' GROUP BY queue
-), e AS (
-    SELECT queue, count(*) AS executing
-      FROM gd_instances WHERE status = 'executing' GROUP BY queue
-)
-SELECT coalesce(r.queue, e.queue) AS queue,
-       coalesce(r.runnable, 0) AS runnable, coalesce(r.ready, 0) AS ready,
-       coalesce(extract(epoch FROM coalesce($1, now()) - r.oldest), 0)::float8 AS lag_seconds,
-       coalesce(e.executing, 0) AS executing
-  FROM r FULL JOIN e ON e.queue = r.queue
- ORDER BY 1
-"#;
-
-/// One queue's gauges.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub(crate) struct QueueGauges {
-    pub(crate) queue: String,
-    pub(crate) runnable: i64,
-    pub(crate) ready: i64,
-    pub(crate) lag_seconds: f64,
-    pub(crate) executing: i64,
-}
-
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-pub(crate) async fn live_queue_gauges<'e>(db: impl PgExecutor<'e>) -> Result<Vec<QueueGauges>> {
-    Ok(sqlx::query_as(LIVE_QUEUE_GAUGES)
-        .bind(None::<DateTime<Utc>>)
-        .fetch_all(db)
-        .await?)
-}
-
 /// Live rows that no live node can run, by (queue, fsm, version): a node runs a row only
 /// if it picks from the row's queue *and* has registered its `(fsm, fsm_version)`
 ///, so both must match one node. Executing rows are left out: a node holds
@@ -264,7 +223,7 @@ pub(crate) async fn nodes<'e>(
 }
 
 /// Every declared schedule (see [`crate::Schedule`]).
-const SCHEDULES: &str = r#"/* gd:admin */
+pub(super) const SCHEDULES: &str = r#"/* gd:admin */
 SELECT name, pattern, timezone, catch_up, next_fire, last_fire, last_id, skipped, last_error
   FROM gd_schedules
  ORDER BY name

@@ -1,9 +1,10 @@
 //! The statements only the web dashboard runs (`crate::dashboard`); its overview and
 //! instance page also reuse `status`'s and `inspect`'s statements from `admin.rs`.
 //!
-//! Every statement here is bounded by an index range or a `LIMIT` on an index scan, so
-//! a page costs the same on a table of a thousand rows or of a million: the EXPLAIN
-//! lines are in docs/dashboard.md. All of them only read.
+//! Every statement here is bounded by an index range, a `LIMIT` on an index scan or a
+//! sample of a fixed number of pages, so a page costs the same on a table of a thousand
+//! rows or of a million: the EXPLAIN lines are in docs/dashboard.md. All of them only
+//! read. The overview's counts are `counts.rs`' (the metrics read them too).
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
@@ -213,19 +214,23 @@ pub(crate) async fn tree<'e>(
         .await?)
 }
 
-/// The (FSM, version) pairs present in rows, with their live and total counts. Exact
-/// counts need every row: this is the one statement of the dashboard that reads the
-/// whole table (as `status`'s per-queue counts do), paid when the FSMs page is opened.
-const FSM_VERSIONS: &str = r#"/* gd:dashboard */
+/// The (FSM, version) pairs present in a sample of the table, with their live and total
+/// rows in it. No index has the FSM, so an exact answer would read every row; instead
+/// `TABLESAMPLE SYSTEM ($1)` reads each page with probability `$1`% (the percentage
+/// `counts::sample_percent` gives for about `counts::SAMPLE_PAGES` pages), and the page
+/// scales the counts by `100 / $1`. At 100% (a table that small) they are exact. A version
+/// with few rows may be missing from a sample: `gen_durable status` finds those (it
+/// scans). `REPEATABLE`: the same pages on each call, so a refresh does not jitter.
+const SAMPLE_BY_FSM: &str = r#"/* gd:dashboard */
 SELECT fsm, fsm_version,
        count(*) FILTER (WHERE status NOT IN ('done', 'failed')) AS live,
        count(*) AS rows
-  FROM gd_instances
+  FROM gd_instances TABLESAMPLE SYSTEM ($1) REPEATABLE (0)
  GROUP BY fsm, fsm_version
  ORDER BY fsm, fsm_version
 "#;
 
-/// One (FSM, version) present in rows.
+/// One (FSM, version) present in the sample: its sampled rows.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub(crate) struct FsmVersionRow {
     pub(crate) fsm: String,
@@ -234,25 +239,45 @@ pub(crate) struct FsmVersionRow {
     pub(crate) rows: i64,
 }
 
-pub(crate) async fn fsm_versions<'e>(db: impl PgExecutor<'e>) -> Result<Vec<FsmVersionRow>> {
-    Ok(sqlx::query_as(FSM_VERSIONS).fetch_all(db).await?)
+pub(crate) async fn fsm_versions_sampled<'e>(
+    db: impl PgExecutor<'e>,
+    percent: f64,
+) -> Result<Vec<FsmVersionRow>> {
+    Ok(sqlx::query_as(SAMPLE_BY_FSM)
+        .bind(percent as f32)
+        .fetch_all(db)
+        .await?)
 }
 
 /// Every statement a dashboard page runs, with the parameters of a typical first load,
 /// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/dashboard.md records
-/// at 1M rows (`plans`); the queue counts, nodes, leases and inspection are `status`'s
-/// and `inspect`'s.
-fn page_statements(id: i64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
-    use super::admin;
+/// at 1M rows (`plans`); the queue counts are `counts`' (shared with the metrics), the
+/// nodes, leases, schedules and inspection `status`'s and `inspect`'s. `sample` is the
+/// percentage the pages sample the table with (`counts::sample_percent`).
+fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
+    use super::{admin, counts};
     let t = Param::Time;
+    let cap = Param::Int(1_000);
     vec![
         (
-            "overview: queue counts (status)",
-            admin::QUEUE_STATUS,
-            vec![Param::NullTime],
+            "overview: runnable lanes (counts)",
+            counts::LANES,
+            vec![cap, Param::NullTime],
+        ),
+        ("overview: executing (counts)", counts::EXECUTING, vec![cap]),
+        (
+            "overview, fsms: table pages (counts)",
+            counts::TABLE_PAGES,
+            vec![],
+        ),
+        (
+            "overview: sample by queue (counts)",
+            counts::SAMPLE_BY_QUEUE,
+            vec![Param::Float4(sample), Param::NullTime],
         ),
         ("overview: throughput", THROUGHPUT, vec![t(30)]),
         ("overview: pauses", PAUSES, vec![]),
+        ("overview: schedules", admin::SCHEDULES, vec![]),
         (
             "overview: expired leases",
             admin::EXPIRED_LEASES,
@@ -320,7 +345,11 @@ fn page_statements(id: i64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
             TREE,
             vec![Param::Int(id), Param::Int4(4), Param::Int(200)],
         ),
-        ("fsms: versions in rows", FSM_VERSIONS, vec![]),
+        (
+            "fsms: versions in a sample",
+            SAMPLE_BY_FSM,
+            vec![Param::Float4(sample)],
+        ),
     ]
 }
 
@@ -331,6 +360,7 @@ enum Param {
     NullTime,
     Int(i64),
     Int4(i32),
+    Float4(f64),
     Text(&'static str),
     /// `now()` minus this many minutes.
     Time(i64),
@@ -339,8 +369,9 @@ enum Param {
 /// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
 /// of the instance page: (name, plan). For docs/dashboard.md; runs each statement once.
 pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
+    let sample = super::counts::sample_percent(super::counts::table_pages(pool).await?);
     let mut out = Vec::new();
-    for (name, sql, params) in page_statements(id) {
+    for (name, sql, params) in page_statements(id, sample) {
         let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}");
         let mut q = sqlx::query_scalar::<_, String>(&explain);
         for p in params {
@@ -349,6 +380,7 @@ pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, S
                 Param::NullTime => q.bind(None::<DateTime<Utc>>),
                 Param::Int(n) => q.bind(n),
                 Param::Int4(n) => q.bind(n),
+                Param::Float4(p) => q.bind(p as f32),
                 Param::Text(s) => q.bind(s),
                 Param::Time(m) => q.bind(Utc::now() - chrono::Duration::minutes(m)),
             };
