@@ -238,6 +238,10 @@ const ALL: &[&str] = &[
     "pick_1m",
 ];
 
+/// Scenarios run only when named: the drain under flow control (to compare with
+/// `drain` in the same run), and the settings sweep.
+const EXTRA: &[&str] = &["drain_gated", "drain_rate_limited", "drain_sweep"];
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -260,8 +264,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
         ALL.iter().map(|s| s.to_string()).collect()
     };
     for s in &scenarios {
-        if !ALL.contains(&s.as_str()) && s != "drain_sweep" {
-            return Err(format!("unknown scenario {s:?} (one of {ALL:?}, drain_sweep)").into());
+        if !ALL.contains(&s.as_str()) && !EXTRA.contains(&s.as_str()) {
+            return Err(format!("unknown scenario {s:?} (one of {ALL:?}, {EXTRA:?})").into());
         }
         if procs && s != "drain" && s != "five_step" {
             return Err(format!("--processes runs drain and five_step, not {s}").into());

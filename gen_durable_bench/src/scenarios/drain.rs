@@ -7,15 +7,40 @@ use gen_durable::prelude::*;
 use serde_json::Map;
 
 use super::tracker::{start_engine, Tracker};
-use super::{insert_chunks, scalar_i64, statements, EngineCfg, R};
+use super::{insert_chunks_with, scalar_i64, statements, EngineCfg, R};
 use crate::fsms::{reset_probe, Five, Noop, PROBE};
 use crate::{Bench, Report};
+use gen_durable::{Gate, InsertOptions, LimitKey, RateLimit};
 use gen_durable_testkit::statements::{by_kind, KindCount};
 
 /// `drain` (single-step no-ops) or `five_step` (five `next` steps each): inserts the
 /// backlog, then starts one engine and times from the first step to the last commit.
 pub(super) async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
     let backlog = Backlog::new(b, five);
+    drain_backlog(b, cfg, backlog).await
+}
+
+/// Flow control on every row of a single-step drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flow {
+    None,
+    /// One hot key of a gate of K = 256 (above the engine's 256 + 256 in flight only when
+    /// the defaults change): what the gate costs when it is not the bottleneck.
+    Gate,
+    /// One bucket of a rate limit with tokens to spare: what admission costs.
+    Rate,
+}
+
+/// `drain_gated` / `drain_rate_limited`: the `drain` backlog, every row under `flow`.
+pub(super) async fn drain_with(b: &Bench, cfg: &EngineCfg, flow: Flow) -> R<Report> {
+    let backlog = Backlog {
+        flow,
+        ..Backlog::new(b, false)
+    };
+    drain_backlog(b, cfg, backlog).await
+}
+
+async fn drain_backlog(b: &Bench, cfg: &EngineCfg, backlog: Backlog) -> R<Report> {
     backlog.insert(b).await?;
     reset_probe(true);
     let pool = b.logged_pool(cfg.pool).await?;
@@ -43,6 +68,7 @@ pub(super) async fn drain(b: &Bench, cfg: &EngineCfg, five: bool) -> R<Report> {
 pub(super) struct Backlog {
     pub(super) n: usize,
     pub(super) five: bool,
+    pub(super) flow: Flow,
 }
 
 impl Backlog {
@@ -53,7 +79,11 @@ impl Backlog {
             (false, false) => 20_000,
             (false, true) => 5_000,
         });
-        Backlog { n, five }
+        Backlog {
+            n,
+            five,
+            flow: Flow::None,
+        }
     }
 
     /// Steps to run: five per instance for `five_step`.
@@ -70,10 +100,22 @@ impl Backlog {
     pub(super) async fn insert(&self, b: &Bench) -> R<()> {
         b.clean().await?;
         let client = Client::new(b.quiet.clone());
+        let opts = match self.flow {
+            Flow::None => InsertOptions::default(),
+            Flow::Gate => {
+                client.set_gate("bench_hot", Gate::new(256)).await?;
+                InsertOptions::default().gate(LimitKey::global("bench_hot"))
+            }
+            Flow::Rate => {
+                let plenty = RateLimit::per(1_000_000_000, Duration::from_secs(1));
+                client.set_rate_limit("bench_plenty", plenty).await?;
+                InsertOptions::default().rate_limit("bench_plenty")
+            }
+        };
         if self.five {
-            insert_chunks::<Five>(&client, self.n, 0).await?;
+            insert_chunks_with::<Five>(&client, self.n, 0, &opts).await?;
         } else {
-            insert_chunks::<Noop>(&client, self.n, 0).await?;
+            insert_chunks_with::<Noop>(&client, self.n, 0, &opts).await?;
         }
         sqlx::query("VACUUM ANALYZE gd_instances")
             .execute(&b.quiet)

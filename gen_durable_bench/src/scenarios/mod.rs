@@ -37,6 +37,12 @@ pub(crate) async fn run(b: &Bench, name: &str) -> R<Vec<Report>> {
         "insert_all" => vec![insert_all::insert_all(b).await?],
         "drain" => vec![drain::drain(b, &EngineCfg::from_args(b), false).await?],
         "five_step" => vec![drain::drain(b, &EngineCfg::from_args(b), true).await?],
+        "drain_gated" => {
+            vec![drain::drain_with(b, &EngineCfg::from_args(b), drain::Flow::Gate).await?]
+        }
+        "drain_rate_limited" => {
+            vec![drain::drain_with(b, &EngineCfg::from_args(b), drain::Flow::Rate).await?]
+        }
         "signal_latency" => vec![signal_latency::signal_latency(b).await?],
         "wait_latency" => vec![wait_latency::wait_latency(b).await?],
         "wake_latency" => vec![wake_latency::wake_latency(b).await?],
@@ -114,6 +120,16 @@ async fn insert_chunks<F: Fsm<State = crate::fsms::BenchState>>(
     n: usize,
     n_field: i64,
 ) -> R<()> {
+    insert_chunks_with::<F>(client, n, n_field, &gen_durable::InsertOptions::default()).await
+}
+
+/// `insert_chunks` with insert options on every row.
+async fn insert_chunks_with<F: Fsm<State = crate::fsms::BenchState>>(
+    client: &Client,
+    n: usize,
+    n_field: i64,
+    opts: &gen_durable::InsertOptions,
+) -> R<()> {
     let mut i = 0;
     while i < n {
         let k = (n - i).min(20_000);
@@ -123,6 +139,7 @@ async fn insert_chunks<F: Fsm<State = crate::fsms::BenchState>>(
                     i: j as i64,
                     n: n_field,
                 })
+                .options(opts.clone())
             })
             .collect();
         client.insert_all::<F>(entries).await?;

@@ -29,12 +29,16 @@ use crate::error::Result;
 ///   burned), and listed in `contended`. Two nodes racing on one key make one claim fail on that
 ///   unique index; the caller retries it.
 /// - Gates (migration 0011): a gated row (`gate` set; its key in `partition_key`) is
-///   skipped before the `LIMIT` when its key already has K executing rows (`full_gates`:
-///   one pass over the executing gated rows, through their partial index; empty and free
-///   when nothing gated runs), so a full gate takes no place in the batch. Of the rest,
+///   skipped before the `LIMIT` when its key already has K executing rows, so a full gate
+///   takes no place in the batch. The full keys are one array, computed once per
+///   statement (an InitPlan: one pass over the executing gated rows through their partial
+///   index, empty when nothing gated runs) and tested per row read as a filter: as a join
+///   against a CTE, its row estimate turned the pick into a sequential scan and sort of
+///   the whole queue on a backlog of gated rows. Of the rest,
 ///   the first `room` rows per key (K minus its executing rows) are claimed, each into a
-///   free slot below K (`free`, numbered from an offset that depends on the node, so two
-///   nodes claiming one key at once mostly pick different slots). The unique index over
+///   free slot below K (`free`: one row per key, its free slots as an array, ordered from
+///   an offset that depends on the node, so two nodes claiming one key at once mostly
+///   pick different slots; the n-th row of the key takes the n-th slot). The unique index over
 ///   (gate, key, slot) of executing rows is the guarantee: two claims that chose one
 ///   slot cannot both commit (the loser fails on it and retries, as on a K = 1 key).
 ///   Rows beyond the room are handed back untouched, in `contended` with their gate.
@@ -55,14 +59,7 @@ use crate::error::Result;
 ///   InitPlan (one primary-key probe) and a one-time filter above the pick's index scan:
 ///   the scan is not even started for a paused queue, and is unchanged for any other.
 pub(super) const CLAIM: &str = r#"/* gd:claim */
-WITH full_gates AS MATERIALIZED (
-    SELECT e.gate, e.partition_key
-      FROM gd_instances e
-      JOIN gd_gates g ON g.name = e.gate
-     WHERE e.status = 'executing' AND e.gate IS NOT NULL
-     GROUP BY e.gate, e.partition_key, g.size
-    HAVING count(*) >= g.size
-), picked AS MATERIALIZED (
+WITH picked AS MATERIALIZED (
     SELECT i.id, i.fsm, i.partition_key, i.gate, i.priority, i.eligible_at,
            i.rate_limit, i.rate_key, i.rate_weight,
            i.rate_limit IS NOT NULL AND i.rate_step = i.step AND NOT i.rate_paid AS rate_due
@@ -75,8 +72,13 @@ WITH full_gates AS MATERIALIZED (
        AND NOT EXISTS (SELECT 1 FROM gd_instances e
                         WHERE e.partition_key = i.partition_key AND e.status = 'executing'
                           AND e.gate IS NULL AND i.gate IS NULL)
-       AND NOT EXISTS (SELECT 1 FROM full_gates f
-                        WHERE f.gate = i.gate AND f.partition_key = i.partition_key)
+       AND coalesce(i.gate || chr(31) || i.partition_key <> ALL (ARRAY(
+               SELECT e.gate || chr(31) || e.partition_key
+                 FROM gd_instances e
+                 JOIN gd_gates g ON g.name = e.gate
+                WHERE e.status = 'executing' AND e.gate IS NOT NULL
+                GROUP BY e.gate, e.partition_key, g.size
+               HAVING count(*) >= g.size)), true)
      ORDER BY i.priority, i.eligible_at, i.id
      LIMIT $4
        FOR NO KEY UPDATE SKIP LOCKED
@@ -86,26 +88,25 @@ WITH full_gates AS MATERIALIZED (
                               ORDER BY priority, eligible_at, id) AS rn
       FROM picked
 ), free AS (
-    SELECT k.gate, k.partition_key, f.slot, g.size - u.n AS room,
-           row_number() OVER (PARTITION BY k.gate, k.partition_key
-                              ORDER BY (f.slot + abs(hashtext($5)::int8)) % g.size) AS rn
+    SELECT k.gate, k.partition_key, g.size - u.n AS room,
+           ARRAY(SELECT f.slot
+                   FROM (SELECT s.slot::int2 AS slot FROM generate_series(0, g.size - 1) s(slot)
+                         EXCEPT ALL
+                         SELECT e.gate_slot FROM gd_instances e
+                          WHERE e.status = 'executing' AND e.gate = k.gate
+                            AND e.partition_key = k.partition_key) f
+                  ORDER BY (f.slot + abs(hashtext($5)::int8)) % g.size) AS slots
       FROM (SELECT DISTINCT gate, partition_key FROM picked WHERE gate IS NOT NULL) k
       JOIN gd_gates g ON g.name = k.gate
      CROSS JOIN LATERAL (SELECT count(*) AS n FROM gd_instances e
                           WHERE e.status = 'executing' AND e.gate = k.gate
                             AND e.partition_key = k.partition_key) u
-     CROSS JOIN LATERAL (SELECT s.slot::int2 AS slot FROM generate_series(0, g.size - 1) s(slot)
-                         EXCEPT ALL
-                         SELECT e.gate_slot FROM gd_instances e
-                          WHERE e.status = 'executing' AND e.gate = k.gate
-                            AND e.partition_key = k.partition_key) f
 ), chosen AS (
-    SELECT r.id, f.slot
+    SELECT r.id, f.slots[r.rn] AS slot
       FROM ranked r
       LEFT JOIN free f ON f.gate = r.gate AND f.partition_key = r.partition_key
-                      AND f.rn = r.rn AND f.rn <= f.room
      WHERE CASE WHEN r.gate IS NULL THEN r.partition_key IS NULL OR r.rn = 1
-                ELSE f.slot IS NOT NULL END
+                ELSE r.rn <= least(f.room, cardinality(f.slots)) END
 ), wants AS (
     SELECT p.id, p.rate_limit, p.rate_key,
            sum(p.rate_weight) OVER (PARTITION BY p.rate_limit, p.rate_key
