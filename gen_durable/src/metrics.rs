@@ -121,7 +121,7 @@ pub fn record(event: &Event) {
         Event::AwaitTimedOut { count } => {
             counter!("gen_durable_await_timed_out_total").increment(*count as u64);
         }
-        Event::CollectorDeleted { count } => {
+        Event::CollectorDeleted { count, .. } => {
             counter!("gen_durable_collected_total").increment(*count as u64);
         }
         Event::PartitionContended { count, .. } => {

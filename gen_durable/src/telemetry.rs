@@ -15,7 +15,7 @@
 //! | `reaper.reaped` | `count`; `ids` |
 //! | `lease.heartbeat` | `held, extended`; `cancelled` (ids): one heartbeat of a node holding leases |
 //! | `await.timed_out` | `count`: parked rows past their deadline, made runnable by one sweep |
-//! | `collector.deleted` | `count`: finished rows older than the retention, deleted by one pass |
+//! | `collector.deleted` | `count, buckets`: finished rows older than the retention, and rate-limit buckets full again, deleted by one pass |
 //! | `listener.connected` | `reconnect`: the wake-up listener is (again) on LISTEN |
 //! | `wait.stop` | `duration`; `id, outcome` (`done`, `failed`, `parked`, `busy`, `gone` or `error`): one `Client::wait`, emitted to the client's handlers (`Client::on_event`) |
 //! | `lease.lost` | `id, fsm, step, kind`: an outcome that was not committed because the lease had moved on |
@@ -162,6 +162,8 @@ pub enum Event {
     CollectorDeleted {
         /// Rows deleted.
         count: usize,
+        /// Rate-limit buckets deleted because they were full again (idle).
+        buckets: usize,
     },
     /// `listener.connected`: the wake-up listener is on LISTEN.
     ListenerConnected {
@@ -326,8 +328,8 @@ impl Telemetry {
                 target: "gen_durable::lease", held, extended, cancelled = ?cancelled, "lease.heartbeat"),
             Event::AwaitTimedOut { count } => tracing::debug!(
                 target: "gen_durable::timeouts", count, "await.timed_out"),
-            Event::CollectorDeleted { count } => tracing::debug!(
-                target: "gen_durable::collector", count, "collector.deleted"),
+            Event::CollectorDeleted { count, buckets } => tracing::debug!(
+                target: "gen_durable::collector", count, buckets, "collector.deleted"),
             Event::ScheduleFired {
                 schedule,
                 fire_time,

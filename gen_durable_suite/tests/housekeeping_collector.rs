@@ -82,3 +82,53 @@ async fn collects_old_terminal_rows_in_batches_and_spares_children_of_live_paren
     b.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }
+
+/// Buckets full again are deleted (a missing bucket is a full one); a bucket with tokens
+/// reserved, or not yet refilled, is kept.
+#[tokio::test]
+async fn the_collector_deletes_rate_limit_buckets_once_they_are_full_again() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let fast = gen_durable::RateLimit::per(1_000, Duration::from_secs(1));
+    let slow = gen_durable::RateLimit::per(1, Duration::from_secs(3600));
+    gd.set_rate_limit("fast", fast).await.unwrap();
+    gd.set_rate_limit("slow", slow).await.unwrap();
+    // Two buckets, each minted one token short of full: one refills in a millisecond,
+    // the other in an hour.
+    sqlx::query(
+        "INSERT INTO gd_buckets (name, key, tokens, at) VALUES
+             ('fast', 'a', 999, now()), ('slow', 'b', 0, now())",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let mut reg = Registry::new();
+    reg.register::<Idle>();
+    let engine = Engine::builder(db.pool().clone())
+        .with_registry(reg)
+        .queue("nothing-here", 1)
+        .with_collector_schedule(Duration::from_millis(30), 7)
+        .start()
+        .await
+        .unwrap();
+    eventually(20, "the full bucket deleted", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_buckets WHERE name = 'fast'",
+        )
+        .await
+            == 0
+    })
+    .await;
+    assert_eq!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_buckets WHERE name = 'slow'"
+        )
+        .await,
+        1,
+        "a bucket still refilling is kept"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}

@@ -1,6 +1,7 @@
 //! The collector: deletes `done`/`failed` rows older than the retention, in bounded
 //! batches (`SKIP LOCKED`, so several nodes collecting at once only share the work),
-//! never a child whose parent is still live.
+//! never a child whose parent is still live; and rate-limit buckets that are full again
+//! (`rate_limit::sweep`).
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
 use crate::error::{Error, Result};
-use crate::store::pg::{admin, millis};
+use crate::store::pg::{admin, millis, rate_limit};
 use crate::telemetry::{Event, Telemetry};
 
 /// The collector's settings.
@@ -50,6 +51,8 @@ const BATCHES_PER_PASS: usize = 100;
 #[derive(Debug, Default)]
 pub(crate) struct Collected {
     pub(crate) deleted: u64,
+    /// Idle rate-limit buckets deleted (full again: the same as absent).
+    pub(crate) buckets: usize,
     /// The pass stopped at its batch limit with rows left: the next one starts at once.
     pub(crate) more: bool,
 }
@@ -62,6 +65,8 @@ impl Service for Collector {
         let retention = millis(self.cfg.retention);
         let batch = self.cfg.batch as i64;
         let mut collected = Collected::default();
+        let now = self.db.now();
+        collected.buckets = on_conn!(self.db, |c| rate_limit::sweep(c, batch, now))? as usize;
         for _ in 0..BATCHES_PER_PASS {
             let now = self.db.now();
             let n = on_conn!(self.db, |c| admin::gc_batch(c, retention, batch, now))?;
@@ -75,9 +80,10 @@ impl Service for Collector {
     }
 
     fn after(&self, collected: Collected) -> Duration {
-        if collected.deleted > 0 {
+        if collected.deleted > 0 || collected.buckets > 0 {
             self.telemetry.emit(Event::CollectorDeleted {
                 count: collected.deleted as usize,
+                buckets: collected.buckets,
             });
         }
         if collected.more {

@@ -169,7 +169,10 @@ async fn each_service_does_one_pass_and_emits_its_event() {
         ids: vec![expired]
     }));
     assert!(events.contains(&Event::AwaitTimedOut { count: 1 }));
-    assert!(events.contains(&Event::CollectorDeleted { count: 1 }));
+    assert!(events.contains(&Event::CollectorDeleted {
+        count: 1,
+        buckets: 0
+    }));
     assert!(events.contains(&Event::LeasesExtended {
         held: 1,
         extended: 1,

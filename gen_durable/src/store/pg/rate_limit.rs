@@ -63,3 +63,33 @@ pub(crate) async fn buckets<'e>(
 ) -> Result<Vec<BucketUse>> {
     Ok(sqlx::query_as(BUCKETS).bind(now).fetch_all(db).await?)
 }
+
+/// Deletes up to `$1` buckets that are full again: nothing reserved, and idle long enough
+/// to have refilled. A missing bucket is a full one to the claim (it mints it full), so
+/// this changes no admission; it keeps `gd_buckets` to the keys in use. Buckets a claim
+/// holds are skipped.
+const SWEEP: &str = r#"/* gd:rate_limit */
+WITH idle AS MATERIALIZED (
+    SELECT b.name, b.key
+      FROM gd_buckets b
+      JOIN gd_rate_limits l ON l.name = b.name
+     WHERE b.tokens + extract(epoch FROM coalesce($2, now()) - b.at) * l.per_second >= l.burst
+     LIMIT $1
+       FOR UPDATE OF b SKIP LOCKED
+)
+DELETE FROM gd_buckets b USING idle i WHERE b.name = i.name AND b.key = i.key
+"#;
+
+/// Deletes up to `limit` idle buckets; how many.
+pub(crate) async fn sweep<'e>(
+    db: impl PgExecutor<'e>,
+    limit: i64,
+    now: Option<DateTime<Utc>>,
+) -> Result<u64> {
+    Ok(sqlx::query(SWEEP)
+        .bind(limit)
+        .bind(now)
+        .execute(db)
+        .await?
+        .rows_affected())
+}

@@ -54,7 +54,7 @@ impl Node {
                     OutcomeKind::Stop => shared.finished(*id, true, Instant::now()),
                     _ => {}
                 },
-                Event::CollectorDeleted { count } => {
+                Event::CollectorDeleted { count, .. } => {
                     shared.collected.fetch_add(*count as u64, Ordering::Relaxed);
                 }
                 _ => {}
