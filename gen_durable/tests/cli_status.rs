@@ -368,3 +368,57 @@ async fn inspect_unknown_id() {
     assert!(r.stdout.is_empty());
     db.close().await;
 }
+
+#[tokio::test]
+async fn status_shows_each_gate_keys_use_and_each_buckets_tokens() {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "INSERT INTO gd_gates (name, size) VALUES ('stripe', 3), ('idle', 5);
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                   status, gate_slot)
+         VALUES ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'executing', 0),
+                ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'executing', 1),
+                ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'runnable', NULL);
+         INSERT INTO gd_rate_limits (name, per_second, burst) VALUES ('smtp', 2, 10);
+         INSERT INTO gd_buckets (name, key, tokens, at) VALUES ('smtp', 'eu', -4, now());",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let out = gd_on(&db, &["status"]).expect(0).stdout;
+    let line = |start: &str| {
+        out.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no line for {start}: {out}"))
+            .to_string()
+    };
+    let acme: Vec<String> = line("stripe ")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(acme, ["stripe", "3", "\"acme\"", "2", "1"], "{out}");
+    assert!(
+        line("idle ").contains(" - "),
+        "a gate with no key in use: {out}"
+    );
+    let smtp: Vec<String> = line("smtp ").split_whitespace().map(String::from).collect();
+    assert_eq!(&smtp[..4], ["smtp", "2", "10", "\"eu\""], "{out}");
+    let tokens: f64 = smtp[4].parse().unwrap();
+    assert!(
+        (-4.0..-3.0).contains(&tokens),
+        "refilled to now, still reserved: {out}"
+    );
+    let j = gd_on(&db, &["status", "--json"]).expect(0).json();
+    let stripe = j["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gate"] == "stripe")
+        .unwrap();
+    assert_eq!(
+        (&stripe["running"], &stripe["waiting"]),
+        (&json!(2), &json!(1))
+    );
+    assert_eq!(j["rate_limits"][0]["key"], "eu");
+    db.close().await;
+}

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use super::table::{self, Table};
 use super::{CliError, Output};
-use crate::store::pg::{admin, pause};
+use crate::store::pg::{admin, gate, pause, rate_limit};
 use crate::Status;
 
 #[derive(Debug, Default)]
@@ -33,6 +33,8 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
     let nodes = admin::nodes(&mut *tx, Some(now)).await?;
     let schedules = admin::schedules(&mut *tx).await?;
     let paused = pause::paused(&mut *tx).await?;
+    let gates = gate::usage(&mut *tx).await?;
+    let buckets = rate_limit::buckets(&mut *tx, Some(now)).await?;
     tx.commit().await?;
 
     let mut queues: BTreeMap<String, QueueLine> = BTreeMap::new();
@@ -65,6 +67,11 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         "live_window_seconds": window,
         "schedules": schedules,
         "paused_queues": paused,
+        "gates": gates.iter().map(|g| json!({
+            "gate": g.name, "limit": g.size, "key": g.key,
+            "running": g.running, "waiting": g.waiting,
+        })).collect::<Vec<_>>(),
+        "rate_limits": buckets,
     });
 
     let mut text = String::new();
@@ -111,6 +118,42 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
         }
         text.push_str(&t.render());
         text.push_str("(no node claims their rows: `gen_durable resume QUEUE`)\n");
+    }
+
+    text.push_str("\ngates:\n");
+    if gates.is_empty() {
+        text.push_str("  none\n");
+    } else {
+        let mut t = Table::new(["gate", "limit", "key", "running", "waiting"]);
+        for g in &gates {
+            t.row(vec![
+                g.name.clone(),
+                g.size.to_string(),
+                g.key.as_ref().map_or("-".into(), |k| format!("{k:?}")),
+                g.running.to_string(),
+                g.waiting.to_string(),
+            ]);
+        }
+        text.push_str(&t.render());
+        text.push_str("(running: slots held, at most the limit per key; waiting: runnable rows)\n");
+    }
+
+    text.push_str("\nrate limits:\n");
+    if buckets.is_empty() {
+        text.push_str("  none\n");
+    } else {
+        let mut t = Table::new(["limit", "per second", "burst", "key", "tokens"]);
+        for b in &buckets {
+            t.row(vec![
+                b.name.clone(),
+                format!("{}", b.per_second),
+                format!("{}", b.burst),
+                b.key.as_ref().map_or("-".into(), |k| format!("{k:?}")),
+                b.tokens.map_or("full".into(), |t| format!("{t:.2}")),
+            ]);
+        }
+        text.push_str(&t.render());
+        text.push_str("(tokens now; below zero: reserved by rows waiting for them)\n");
     }
 
     let _ = writeln!(
