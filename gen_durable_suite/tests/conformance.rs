@@ -78,6 +78,8 @@ conformance! {
     gates::declaring_a_gate_is_idempotent_and_a_new_limit_replaces_the_old,
     gates::a_gate_key_and_a_partition_key_of_the_same_text_are_different_keys,
     rate_limits::a_rate_limit_admits_its_burst_then_one_row_per_token,
+    explain::explain_gate_full_names_the_gate_and_its_use,
+    explain::explain_rate_limited_says_when_its_tokens_are_due,
     rate_limits::a_replay_of_the_limited_step_pays_again,
     rate_limits::an_unknown_limit_or_a_weight_above_the_burst_is_refused_and_writes_nothing,
     keys::a_signal_by_key_reaches_its_holder,

@@ -125,6 +125,20 @@ impl fmt::Display for Explanation {
                     None => Ok(()),
                 }
             }
+            Reason::RateLimited { limit, key, due } => write!(
+                f,
+                "waiting for its rate limit {limit:?} (key {key:?}): its tokens are due at {}",
+                at(*due, now)
+            ),
+            Reason::GateFull {
+                gate,
+                key,
+                limit,
+                running,
+            } => write!(
+                f,
+                "gate {gate:?} is full for key {key:?} ({running}/{limit} running)"
+            ),
             Reason::Scheduled { at: t } => write!(f, "scheduled for {}", at(*t, now)),
             Reason::Backoff { until, last_error } => {
                 write!(
@@ -273,6 +287,19 @@ impl Explanation {
             Reason::QueuePaused { since, why } => {
                 add("paused since", at(*since, now));
                 add("reason", why.clone().unwrap_or_else(|| "none given".into()));
+            }
+            Reason::RateLimited { limit, key, due } => {
+                add("rate limit", format!("{limit:?} key {key:?}"));
+                add("tokens due at", at(*due, now));
+            }
+            Reason::GateFull {
+                gate,
+                key,
+                limit,
+                running,
+            } => {
+                add("gate", format!("{gate:?} key {key:?}"));
+                add("running", format!("{running} of {limit}"));
             }
             Reason::Scheduled { at: t } => add("eligible at", at(*t, now)),
             Reason::Backoff { until, last_error } => {

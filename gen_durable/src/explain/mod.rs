@@ -7,8 +7,10 @@
 //! 2. a node runs it: [`Reason::Executing`];
 //! 3. it is parked: [`Reason::AwaitingSignals`], [`Reason::AwaitingChildren`];
 //! 4. its queue is paused: [`Reason::QueuePaused`];
-//! 5. it is not due yet: [`Reason::Scheduled`] (attempt 0), [`Reason::Backoff`] (a retry);
-//! 6. another instance of its partition key runs: [`Reason::PartitionBlocked`];
+//! 5. it is not due yet: [`Reason::RateLimited`] (waiting for the tokens it reserved),
+//!    [`Reason::Scheduled`] (attempt 0), [`Reason::Backoff`] (a retry);
+//! 6. another instance of its partition key runs: [`Reason::PartitionBlocked`]; its gate
+//!    key runs as many steps as the gate allows: [`Reason::GateFull`];
 //! 7. no live node would pick it: [`Reason::NoNodeForQueue`], [`Reason::NoNodeForVersion`];
 //! 8. it is runnable now: [`Reason::Runnable`], with the rows ahead of it.
 //!
@@ -123,6 +125,15 @@ pub enum Reason {
         /// When it becomes runnable.
         at: DateTime<Utc>,
     },
+    /// 5. Waiting for the tokens it reserved from its rate limit: runnable at `due`.
+    RateLimited {
+        /// The rate limit.
+        limit: String,
+        /// The key within it.
+        key: String,
+        /// When its tokens are there and it runs.
+        due: DateTime<Utc>,
+    },
     /// 5. Waiting out the delay of a retry (a `replay`, a failed migration): the
     ///    explanation's `attempt` is the retry's.
     Backoff {
@@ -138,7 +149,17 @@ pub enum Reason {
         /// The instance that holds it.
         holder: Holder,
     },
-    // Concurrency gates and rate limits, when they exist, are checked here.
+    /// 6. Its gate key already runs as many steps as the gate allows.
+    GateFull {
+        /// The gate.
+        gate: String,
+        /// The key within it.
+        key: String,
+        /// The gate's limit K.
+        limit: i64,
+        /// Steps of the key running (claimed, buffered or executing) now.
+        running: i64,
+    },
     /// 7. No live node picks from its queue.
     NoNodeForQueue {
         /// The live nodes (none serves the queue).
@@ -251,6 +272,10 @@ pub struct ExplainFacts {
     pub paused: Option<(DateTime<Utc>, Option<String>)>,
     pub partition_key: Option<String>,
     pub holder: Option<Holder>,
+    /// Its gate with the gate's limit and the key's running rows, if it is gated.
+    pub gate: Option<(String, i64, i64)>,
+    /// Its rate limit and key, when it waits for tokens it reserved.
+    pub rate_wait: Option<(String, String)>,
     /// The nodes; `None` when the store has none (the testkit runs everything it knows).
     pub nodes: Option<NodeFacts>,
     /// Due rows of the queue ahead of it in the pick's order (bounded).
@@ -337,6 +362,13 @@ impl ExplainFacts {
             };
         }
         if self.eligible_at > self.now {
+            if let Some((limit, key)) = &self.rate_wait {
+                return Reason::RateLimited {
+                    limit: limit.clone(),
+                    key: key.clone(),
+                    due: self.eligible_at,
+                };
+            }
             return if self.attempt == 0 {
                 Reason::Scheduled {
                     at: self.eligible_at,
@@ -353,6 +385,16 @@ impl ExplainFacts {
                 key: key.clone(),
                 holder: holder.clone(),
             };
+        }
+        if let (Some(key), Some((gate, limit, running))) = (&self.partition_key, &self.gate) {
+            if running >= limit {
+                return Reason::GateFull {
+                    gate: gate.clone(),
+                    key: key.clone(),
+                    limit: *limit,
+                    running: *running,
+                };
+            }
         }
         if let Some(nodes) = &self.nodes {
             if nodes.on_queue.is_empty() {

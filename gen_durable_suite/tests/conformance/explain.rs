@@ -343,3 +343,72 @@ pub async fn explain_by_key_and_of_nothing<B: Backend>(b: &mut B) {
         Err(Error::NotFound { id: 9_999 })
     ));
 }
+
+pub async fn explain_gate_full_names_the_gate_and_its_use<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let key = format!("{tag}:tenant");
+    b.set_gate("conf-g", gen_durable::Gate::new(2))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let o = Opts::default().gate(("conf-g", key.as_str()));
+        ids.push(b.insert::<Parted>(S::tagged(&tag), o).await.unwrap());
+    }
+    b.claim(ids[0]).await.unwrap();
+    assert!(
+        matches!(
+            b.explain(ids[2]).await.unwrap().reason,
+            Reason::Runnable { .. }
+        ),
+        "one of two slots taken: it can run"
+    );
+    b.claim(ids[1]).await.unwrap();
+    let why = b.explain(ids[2]).await.unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::GateFull {
+            gate: "conf-g".into(),
+            key: key.clone(),
+            limit: 2,
+            running: 2,
+        }
+    );
+    assert_eq!(
+        why.to_string(),
+        format!("gate \"conf-g\" is full for key {key:?} (2/2 running)")
+    );
+    b.lose_lease(ids[0]).await.unwrap();
+    b.lose_lease(ids[1]).await.unwrap();
+    b.run().await;
+    for id in ids {
+        b.get(id).await.assert_status(Status::Done);
+    }
+}
+
+pub async fn explain_rate_limited_says_when_its_tokens_are_due<B: Backend>(b: &mut B) {
+    let limit = gen_durable::RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-rl2", limit).await.unwrap();
+    let o = || Opts::default().rate_limit(("conf-rl2", "k"));
+    let first = b.insert::<Counter>(S::default(), o()).await.unwrap();
+    let second = b.insert::<Counter>(S::default(), o()).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(first).await.assert_status(Status::Done);
+    let why = b.explain(second).await.unwrap();
+    assert_eq!(
+        why.reason,
+        Reason::RateLimited {
+            limit: "conf-rl2".into(),
+            key: "k".into(),
+            due: epoch() + Span::seconds(4),
+        }
+    );
+    assert_eq!(
+        why.to_string(),
+        "waiting for its rate limit \"conf-rl2\" (key \"k\"): its tokens are due at \
+         2030-01-01 00:00:04 UTC (in 4 s)"
+    );
+    b.advance(Duration::from_secs(4)).await;
+    b.run().await;
+    b.get(second).await.assert_done(json!({ "total": 111 }));
+}

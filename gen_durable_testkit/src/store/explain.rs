@@ -121,6 +121,24 @@ impl Store {
                 .map(|p| (p.paused_at, p.reason.clone())),
             partition_key: r.partition_key.clone(),
             holder,
+            gate: r
+                .gate
+                .as_ref()
+                .filter(|_| r.status == Status::Runnable)
+                .and_then(|g| {
+                    let limit = i64::from(self.gate(g)?);
+                    let running = self
+                        .rows
+                        .values()
+                        .filter(|e| {
+                            e.status == Status::Executing
+                                && e.gate.as_ref() == Some(g)
+                                && e.partition_key == r.partition_key
+                        })
+                        .count() as i64;
+                    Some((g.clone(), limit, running))
+                }),
+            rate_wait: r.rate_limit.clone().filter(|_| r.rate_paid),
             nodes: None,
             rows_ahead: bounded(ahead),
         })

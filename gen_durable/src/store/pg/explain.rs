@@ -72,6 +72,15 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue, i.status::text AS status, i.step, i.
               FROM gd_instances e
              WHERE e.partition_key = i.partition_key AND e.status = 'executing'
                AND e.gate IS NULL AND i.gate IS NULL AND e.id <> i.id) END AS holder,
+       i.gate,
+       CASE WHEN i.status = 'runnable' AND i.gate IS NOT NULL THEN
+           (SELECT g.size FROM gd_gates g WHERE g.name = i.gate) END AS gate_limit,
+       CASE WHEN i.status = 'runnable' AND i.gate IS NOT NULL THEN
+           (SELECT count(*) FROM gd_instances e
+             WHERE e.status = 'executing' AND e.gate = i.gate
+               AND e.partition_key = i.partition_key) END AS gate_running,
+       CASE WHEN i.rate_paid THEN i.rate_limit END AS rate_limit,
+       CASE WHEN i.rate_paid THEN i.rate_key END AS rate_key,
        (SELECT coalesce(array_agg(node_id ORDER BY node_id), '{}') FROM live) AS live_nodes,
        (SELECT coalesce(array_agg(node_id ORDER BY node_id), '{}') FROM live
          WHERE i.queue = ANY (queues)) AS nodes_on_queue,
@@ -126,6 +135,11 @@ struct Row {
     paused_at: Option<DateTime<Utc>>,
     pause_reason: Option<String>,
     holder: Option<Json<Holder>>,
+    gate: Option<String>,
+    gate_limit: Option<i32>,
+    gate_running: Option<i64>,
+    rate_limit: Option<String>,
+    rate_key: Option<String>,
     live_nodes: Vec<String>,
     nodes_on_queue: Vec<String>,
     nodes_running: Vec<String>,
@@ -192,6 +206,11 @@ impl Row {
             paused: self.paused_at.map(|at| (at, self.pause_reason)),
             partition_key: self.partition_key,
             holder: self.holder.map(|j| j.0),
+            gate: match (self.gate, self.gate_limit, self.gate_running) {
+                (Some(g), Some(limit), Some(running)) => Some((g, i64::from(limit), running)),
+                _ => None,
+            },
+            rate_wait: self.rate_limit.zip(self.rate_key),
             nodes: Some(NodeFacts {
                 live: self.live_nodes,
                 on_queue: self.nodes_on_queue,
