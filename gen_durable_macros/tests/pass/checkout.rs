@@ -1,4 +1,7 @@
-// The README's checkout example, verbatim but for the imports.
+//! The README's checkout example, verbatim but for the imports and rustfmt's line breaks.
+// A user's crate, built as a test target of this package: the workspace's lints (a doc
+// on every public item) are for our own crates, not for this one.
+#![allow(missing_docs)]
 use gen_durable::prelude::*;
 use gen_durable::{durable_fsm, durable_steps};
 
@@ -35,7 +38,11 @@ impl Checkout {
 
     /// Optional: what a failed step (an `Err` or a panic) turns into.
     async fn handle(err: StepError, ctx: &mut Ctx<Self>) -> StepResult<Self> {
-        if ctx.attempt() < 5 { Ok(Step::replay(backoff(ctx.attempt()))) } else { Ok(Step::stop(err)) }
+        if ctx.attempt() < 5 {
+            Ok(Step::replay(backoff(ctx.attempt())))
+        } else {
+            Ok(Step::stop(err))
+        }
     }
 }
 

@@ -1,3 +1,8 @@
+//! `#[durable_job]` on a user's async fn: the generated type's queue and retry policy.
+// A user's crate, built as a test target of this package: the workspace's lints (a doc
+// on every public item) are for our own crates, not for this one.
+#![allow(missing_docs)]
+
 use gen_durable::durable_job;
 use gen_durable::prelude::*;
 

@@ -1,5 +1,5 @@
-// The enum already derives some of the traits the macro adds; the steps block holds
-// sync helpers and methods besides the handlers; everything is spelled with full paths.
+//! The enum already derives some of the traits the macro adds; the steps block holds
+//! sync helpers and methods besides the handlers; everything is spelled with full paths.
 #![deny(warnings)]
 
 #[derive(gen_durable::DurableState, serde::Serialize, serde::Deserialize, Debug, Clone)]
