@@ -144,3 +144,58 @@ pub async fn a_gate_key_and_a_partition_key_of_the_same_text_are_different_keys<
         b.get(id).await.assert_status(Status::Done);
     }
 }
+
+/// Each key of a gate has its own K slots: a full key holds back only its own rows.
+pub async fn each_key_of_a_gate_has_its_own_slots<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    assert!(b.set_gate("conf-keys", Gate::new(1)).await.unwrap());
+    let (ka, kb) = (format!("{tag}:a"), format!("{tag}:b"));
+    let o = |k: &str| Opts::default().gate(("conf-keys", k));
+    let a1 = b.insert::<Parted>(S::tagged(&tag), o(&ka)).await.unwrap();
+    let a2 = b.insert::<Parted>(S::tagged(&tag), o(&ka)).await.unwrap();
+    let b1 = b.insert::<Parted>(S::tagged(&tag), o(&kb)).await.unwrap();
+    b.claim(a1).await.unwrap();
+    assert!(matches!(
+        b.explain(a2).await.unwrap().reason,
+        Reason::GateFull {
+            running: 1,
+            limit: 1,
+            ..
+        }
+    ));
+    assert!(
+        matches!(b.explain(b1).await.unwrap().reason, Reason::Runnable { .. }),
+        "another key of the same gate is free"
+    );
+    b.lose_lease(a1).await.unwrap();
+    b.run().await;
+    for id in [a1, a2, b1] {
+        b.get(id).await.assert_status(Status::Done);
+    }
+}
+
+/// A new limit applies at the next pick: raising K frees the rows a full key held back.
+pub async fn raising_a_gates_limit_admits_more_at_the_next_pick<B: Backend>(b: &mut B) {
+    let tag = b.tag().to_string();
+    let key = format!("{tag}:k");
+    assert!(b.set_gate("conf-raise", Gate::new(1)).await.unwrap());
+    let o = || Opts::default().gate(("conf-raise", key.as_str()));
+    let first = b.insert::<Parted>(S::tagged(&tag), o()).await.unwrap();
+    let second = b.insert::<Parted>(S::tagged(&tag), o()).await.unwrap();
+    b.claim(first).await.unwrap();
+    assert!(matches!(
+        b.explain(second).await.unwrap().reason,
+        Reason::GateFull { limit: 1, .. }
+    ));
+    assert!(b.set_gate("conf-raise", Gate::new(2)).await.unwrap());
+    assert!(
+        matches!(
+            b.explain(second).await.unwrap().reason,
+            Reason::Runnable { .. }
+        ),
+        "K = 2 now: one slot is free"
+    );
+    b.lose_lease(first).await.unwrap();
+    b.run().await;
+    b.get(second).await.assert_status(Status::Done);
+}

@@ -119,3 +119,79 @@ pub async fn an_unknown_limit_or_a_weight_above_the_burst_is_refused_and_writes_
         "the next token is a second away"
     );
 }
+
+/// Each key of a rate limit has its own bucket.
+pub async fn each_key_of_a_rate_limit_has_its_own_bucket<B: Backend>(b: &mut B) {
+    let t0 = b.now();
+    let limit = RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-keys", limit).await.unwrap();
+    let o = |k: &'static str| Opts::default().rate_limit(("conf-keys", k));
+    let mut ids = Vec::new();
+    for k in ["a", "a", "b", "b"] {
+        ids.push(b.insert::<Counter>(S::default(), o(k)).await.unwrap());
+    }
+    // One token per key now: the first row of each key runs.
+    assert_eq!(b.run().await.to_string(), "{next: 4, done: 2, steps: 6}");
+    b.get(ids[0]).await.assert_status(Status::Done);
+    b.get(ids[2]).await.assert_status(Status::Done);
+    for id in [ids[1], ids[3]] {
+        assert_eq!(b.get(id).await.eligible_at, t0 + Span::seconds(4));
+    }
+}
+
+/// Tokens go in the pick's order: a row of higher priority inserted later takes the
+/// token before a lower one inserted first.
+pub async fn tokens_go_to_rows_in_priority_order<B: Backend>(b: &mut B) {
+    let t0 = b.now();
+    let limit = RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-prio", limit).await.unwrap();
+    let o = |p: i16| Opts::default().rate_limit("conf-prio").priority(p);
+    let low = b.insert::<Counter>(S::default(), o(5)).await.unwrap();
+    let high = b.insert::<Counter>(S::default(), o(0)).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(high).await.assert_status(Status::Done);
+    let waiting = b.get(low).await;
+    waiting.assert_status(Status::Runnable);
+    assert_eq!(waiting.eligible_at, t0 + Span::seconds(4));
+}
+
+/// A row's weight is the tokens it takes: heavier rows wait longer, and rows behind them
+/// wait for their own tokens after theirs.
+pub async fn a_heavier_row_takes_more_tokens_and_waits_longer<B: Backend>(b: &mut B) {
+    let t0 = b.now();
+    // One token every 4 s, burst 3.
+    let limit = RateLimit::per(1, Duration::from_secs(4)).burst(3);
+    b.set_rate_limit("conf-weight", limit).await.unwrap();
+    let o = |w: f64| Opts::default().rate_limit("conf-weight").weight(w);
+    let all = b.insert::<Counter>(S::default(), o(3.0)).await.unwrap();
+    let two = b.insert::<Counter>(S::default(), o(2.0)).await.unwrap();
+    let one = b.insert::<Counter>(S::default(), o(1.0)).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(all).await.assert_status(Status::Done);
+    assert_eq!(b.get(two).await.eligible_at, t0 + Span::seconds(8));
+    assert_eq!(b.get(one).await.eligible_at, t0 + Span::seconds(12));
+}
+
+/// A row cancelled while it waits for its tokens fails at once; the tokens it reserved
+/// are not given back, so the rows behind it keep their times.
+pub async fn a_row_cancelled_while_waiting_for_tokens_fails_and_keeps_the_others_times<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    let t0 = b.now();
+    let limit = RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-cancel", limit).await.unwrap();
+    let o = || Opts::default().rate_limit("conf-cancel");
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(b.insert::<Counter>(S::default(), o()).await.unwrap());
+    }
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.cancel(ids[1]).await.unwrap();
+    b.get(ids[1]).await.assert_status(Status::Failed);
+    assert_eq!(b.get(ids[2]).await.eligible_at, t0 + Span::seconds(8));
+    b.advance(Duration::from_secs(8)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(ids[2]).await.assert_status(Status::Done);
+}

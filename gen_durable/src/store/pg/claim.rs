@@ -315,17 +315,7 @@ mod tests {
             .execute(&mut *conn)
             .await
             .unwrap();
-        let explain = format!(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
-            CLAIM
-                .replace("$1", "'q'")
-                .replace("$2::text[]", "'{F}'::text[]")
-                .replace("$3::int4[]", "'{1}'::int4[]")
-                .replace("$4", "16")
-                .replace("$5", "'n1'")
-                .replace("$6", "30000")
-                .replace("$7", "NULL::timestamptz")
-        );
+        let explain = explain_claim(16);
         let running = plan(&mut conn, &explain).await;
         assert!(running.contains("One-Time Filter: (NOT"), "{running}");
         assert!(
@@ -375,17 +365,7 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap();
-        let explain = format!(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
-            CLAIM
-                .replace("$1", "'q'")
-                .replace("$2::text[]", "'{F}'::text[]")
-                .replace("$3::int4[]", "'{1}'::int4[]")
-                .replace("$4", "64")
-                .replace("$5", "'n1'")
-                .replace("$6", "30000")
-                .replace("$7", "NULL::timestamptz")
-        );
+        let explain = explain_claim(64);
         let plan = plan(&mut conn, &explain).await;
         let scan = plan
             .lines()
@@ -419,6 +399,22 @@ mod tests {
         tx.rollback().await.unwrap();
         drop(conn);
         db.close().await;
+    }
+
+    /// `EXPLAIN ANALYZE` of a claim of `batch` rows of queue `q`, FSM `F` v1, by node
+    /// `n1`, at the database's now.
+    fn explain_claim(batch: i64) -> String {
+        format!(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+            CLAIM
+                .replace("$1", "'q'")
+                .replace("$2::text[]", "'{F}'::text[]")
+                .replace("$3::int4[]", "'{1}'::int4[]")
+                .replace("$4", &batch.to_string())
+                .replace("$5", "'n1'")
+                .replace("$6", "30000")
+                .replace("$7", "NULL::timestamptz")
+        )
     }
 
     /// The plan of `explain`, run in a transaction rolled back after (EXPLAIN ANALYZE
