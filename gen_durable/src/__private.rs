@@ -3,11 +3,13 @@
 pub use crate::ctx::{Ctx, StepContext};
 pub use crate::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
 pub use crate::gate::ConcurrencyKey;
+pub use crate::gate::LimitKey;
 pub use crate::instance_migration::{apply_path, MigrationEntry};
 pub use crate::job::{JobResult, RetryPolicy};
 pub use crate::registry::FsmEntry;
 pub use crate::schedule::{Built, Plan};
 pub use crate::state::{cast_field, json_kind, CastError, DurableState};
+pub use crate::transition::StepRate;
 pub use inventory;
 pub use serde_json;
 pub use serde_json::Value;
@@ -34,6 +36,19 @@ pub trait DurableSteps: Fsm {
     fn handle_failure<'a>(err: StepError, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self> {
         let _ = ctx;
         Box::pin(async move { Ok(Step::stop(err.to_string())) })
+    }
+
+    /// The rate limit of the handler named `handler` (its `#[step(rate_limit = "…")]`),
+    /// from `state`; `Fsm::step_rate_limit` forwards here by each variant's handler.
+    fn handler_rate_limit(handler: &str, state: &Self::State) -> Option<StepRate> {
+        let _ = (handler, state);
+        None
+    }
+
+    /// Whether the handler named `handler` declares a rate limit (without a state).
+    fn handler_rate_limited(handler: &str) -> bool {
+        let _ = handler;
+        false
     }
 }
 

@@ -9,10 +9,12 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::ctx::Ctx;
+use crate::gate::{ConcurrencyKey, LimitKey};
 use crate::kind::OutcomeKind;
 use crate::options::InsertOptions;
 use crate::registry::FsmEntry;
 use crate::state::DurableState;
+use crate::transition::{KeyChange, StepRate};
 
 /// The future a step handler returns.
 pub type StepFuture<'a, F> = Pin<Box<dyn Future<Output = StepResult<F>> + Send + 'a>>;
@@ -52,6 +54,19 @@ pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
     fn from_step_name(name: &str) -> Option<Self>;
     /// Runs this step's handler.
     fn run_step<'a>(self, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self>;
+    /// The rate limit this step pays each time it runs, as `#[step(rate_limit = "…")]`
+    /// declares it in `#[durable_steps]`, from the state the transition commits. Used
+    /// on every transition into the step that names no limit of its own, and at insert
+    /// for the first step. Default: none.
+    fn step_rate_limit(self, state: &Self::State) -> Option<StepRate> {
+        let _ = state;
+        None
+    }
+    /// Whether this step declares a rate limit: [`Fsm::step_rate_limit`] may answer
+    /// `Some`. (An insert casts the state for it only then.)
+    fn rate_limited(self) -> bool {
+        false
+    }
     /// Turns a failed step (an `Err` or a panic) into an outcome. Default: `stop`.
     fn handle<'a>(err: StepError, ctx: &'a mut Ctx<Self>) -> StepFuture<'a, Self> {
         let _ = ctx;
@@ -67,6 +82,11 @@ pub struct Step<F: Fsm> {
     pub(crate) error: Option<String>,
     /// On a `next`: continue in this worker (see [`Fsm::RUN_AHEAD`]).
     pub(crate) run_ahead: bool,
+    /// Per-transition options (see [`Step::partition_key`], [`Step::rate_limit`]).
+    pub(crate) key: KeyChange,
+    pub(crate) rate: Option<LimitKey>,
+    pub(crate) weight: Option<f64>,
+    pub(crate) no_run_ahead: bool,
 }
 
 #[derive(Debug)]
@@ -92,7 +112,60 @@ impl<F: Fsm> Step<F> {
             kind,
             error: None,
             run_ahead: false,
+            key: KeyChange::Keep,
+            rate: None,
+            weight: None,
+            no_run_ahead: false,
         }
+    }
+
+    /// On an outcome that leads to a step (`next`, `await_signal`, `schedule_children`):
+    /// from that step on, the instance runs under K = 1 key `key` instead of the key it
+    /// had (see the insert option `partition_key`). The key is taken at the row's next
+    /// claim: a run-ahead chain hands the row back to the picker for it.
+    pub fn partition_key(mut self, key: impl Into<String>) -> Self {
+        self.key = KeyChange::Set(ConcurrencyKey::Partition(key.into()));
+        self
+    }
+
+    /// On an outcome that leads to a step: from that step on, the instance runs under key
+    /// `key` of a gate (at most K at once) instead of the key it had. An undeclared gate
+    /// is refused by the database when the outcome commits, and the instance stops with
+    /// that refusal (`Error::UnknownGate` named in `last_error`).
+    pub fn gate(mut self, key: impl Into<LimitKey>) -> Self {
+        self.key = KeyChange::Set(ConcurrencyKey::Gate(key.into()));
+        self
+    }
+
+    /// On an outcome that leads to a step: from that step on, the instance runs under no
+    /// partition or gate key. Without this, `partition_key` or `gate`, the key is kept.
+    pub fn release_partition(mut self) -> Self {
+        self.key = KeyChange::Release;
+        self
+    }
+
+    /// On an outcome that leads to a step: that step takes its tokens from `key` of a rate
+    /// limit each time it runs (its first run, a replay, a re-run), instead of the limit
+    /// its `#[step(rate_limit = "…")]` declares. A transition with neither leaves the step
+    /// unlimited. The step never runs ahead: a claim admits it.
+    pub fn rate_limit(mut self, key: impl Into<LimitKey>) -> Self {
+        self.rate = Some(key.into());
+        self
+    }
+
+    /// The tokens the next step's rate limit takes per run (default 1): positive and
+    /// finite, or the instance stops when the outcome is built; above the limit's burst,
+    /// the database refuses the outcome and the instance stops with that refusal.
+    pub fn weight(mut self, weight: f64) -> Self {
+        self.weight = Some(weight);
+        self
+    }
+
+    /// On a `next`: hand the row back to the picker even if the FSM or
+    /// [`Step::run_ahead`] asks to run ahead.
+    pub fn no_run_ahead(mut self) -> Self {
+        self.no_run_ahead = true;
+        self
     }
 
     /// On a `next`: commit it and run the next step at once in this worker, under the

@@ -100,6 +100,7 @@ mod status;
 mod store;
 mod target;
 mod telemetry;
+mod transition;
 mod validate;
 mod wait;
 
@@ -155,6 +156,7 @@ pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;
 pub use target::{Key, Target};
 pub use telemetry::{Event, EventHandler};
+pub use transition::{StepRate, YieldReason};
 #[doc(hidden)]
 pub use validate::{check_signal, check_target};
 pub use validate::{MAX_DELAY, MAX_KEY_BYTES};

@@ -145,6 +145,13 @@ pub fn record(event: &Event) {
             counter!("gen_durable_rate_limit_deferred_total", "limit" => limit.clone())
                 .increment(wanted.saturating_sub(*admitted) as u64);
         }
+        Event::RunAheadContinue { fsm, .. } => {
+            counter!("gen_durable_run_ahead_continue_total", "fsm" => *fsm).increment(1);
+        }
+        Event::RunAheadYield { fsm, reason, .. } => {
+            counter!("gen_durable_run_ahead_yield_total", "fsm" => *fsm, "reason" => reason.as_str())
+                .increment(1);
+        }
         Event::InstanceMigrated { fsm, .. } => {
             counter!("gen_durable_migrations_total", "fsm" => *fsm, "result" => "applied")
                 .increment(1);

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::fsm::Fsm;
 use crate::instance_migration::{apply_path, Migrated, Migration, MigrationEntry};
 use crate::options::InsertOptions;
-use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput};
+use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput, StepRate};
 use crate::state::{CastError, DurableState};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,
@@ -31,6 +31,7 @@ pub struct FsmEntry {
     pub max_reaps: i32,
     initial: fn() -> &'static str,
     cast: fn(&Value) -> std::result::Result<(), CastError>,
+    step_rate: fn(&str, &Value) -> Option<StepRate>,
     pub(crate) run: fn(StepInput) -> futures_util::future::BoxFuture<'static, StepOutput>,
 }
 
@@ -53,6 +54,13 @@ fn cast_of<F: Fsm>(value: &Value) -> std::result::Result<(), CastError> {
     F::State::cast(value).map(drop)
 }
 
+/// The rate limit step `step` declares (`#[step(rate_limit = …)]`), from `state`: the
+/// state is cast only for a step that declares one.
+fn step_rate_of<F: Fsm>(step: &str, state: &Value) -> Option<StepRate> {
+    let step = F::from_step_name(step).filter(|s| s.rate_limited())?;
+    step.step_rate_limit(&F::State::cast(state).ok()?)
+}
+
 fn run_of<F: Fsm>(input: StepInput) -> futures_util::future::BoxFuture<'static, StepOutput> {
     Box::pin(run_erased::<F>(input))
 }
@@ -68,6 +76,7 @@ impl FsmEntry {
             max_reaps: F::MAX_REAPS,
             initial: initial_of::<F>,
             cast: cast_of::<F>,
+            step_rate: step_rate_of::<F>,
             run: run_of::<F>,
         }
     }
@@ -97,7 +106,8 @@ impl FsmEntry {
         if let Some(step) = &opts.step {
             self.check_step(step)?;
         }
-        let row = NewInstance::from_parts(
+        let weighted = opts.weight.is_some();
+        let mut row = NewInstance::from_parts(
             self.name,
             self.version,
             self.initial(),
@@ -106,6 +116,15 @@ impl FsmEntry {
             state,
             opts,
         );
+        // The first step's declared limit, unless the insert names one.
+        if row.rate_limit.is_none() {
+            if let Some(rate) = (self.step_rate)(&row.step, &row.state) {
+                row.rate_limit = Some((rate.key.name, rate.key.key));
+                if !weighted {
+                    row.rate_weight = rate.weight;
+                }
+            }
+        }
         row.validate()?;
         Ok(row)
     }

@@ -17,6 +17,7 @@ use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
 use crate::kind::OutcomeKind;
 use crate::options::InsertOptions;
 use crate::state::DurableState;
+pub use crate::transition::{KeyChange, StepRate, Transition};
 use crate::validate;
 use crate::Status;
 
@@ -82,6 +83,9 @@ pub struct StepOutput {
     pub tx: Option<Transaction<'static, Postgres>>,
     /// A `next` that may continue in the same worker under its claim (run-ahead).
     pub run_ahead: bool,
+    /// The flow-control options of an outcome that leads to a step: the concurrency key
+    /// and the rate limit from that step on (default: key kept, no limit).
+    pub transition: Transition,
     /// How long the handler (and `handle`) ran.
     pub duration: Duration,
 }
@@ -99,15 +103,25 @@ impl StepOutput {
             error: Some(error),
             tx: None,
             run_ahead: false,
+            transition: Transition::default(),
             duration: Duration::ZERO,
         }
     }
 
     /// A `stop` with `reason` that keeps the stored state (the committer's replacement for
-    /// an outcome the database refused).
-    pub(crate) fn stopped(reason: String) -> Self {
+    /// an outcome the database refused; the kit's, with the state it keeps).
+    #[doc(hidden)]
+    pub fn stopped(reason: String) -> Self {
         stop_output(reason, Value::Null, Instant::now())
     }
+}
+
+/// The `stop` reason of an outcome the database refused (an undeclared gate or rate
+/// limit, a weight above the burst, a value it cannot store): the instance stops once,
+/// naming the refusal, instead of being reaped and rerun.
+#[doc(hidden)]
+pub fn refused(err: &crate::Error) -> String {
+    format!("the step's outcome was refused by the database, so the instance stops: {err}")
 }
 
 /// A type-erased step outcome.
@@ -285,6 +299,7 @@ fn stop_output(reason: String, state: Value, started: Instant) -> StepOutput {
         awaited: Vec::new(),
         tx: None,
         run_ahead: false,
+        transition: Transition::default(),
         duration: started.elapsed(),
     }
 }
@@ -388,15 +403,17 @@ fn checked(mut out: StepOutput, stored: &Value) -> StepOutput {
             *reason = reason.replace('\0', "\\0");
         }
     }
-    let problem = validate::json("state", &out.state).and_then(|()| match &out.outcome {
-        Outcome::Replay { delay } => validate::delay("replay delay", *delay),
-        Outcome::Await { names, timeout, .. } => names
-            .iter()
-            .try_for_each(|n| validate::signal_name(n))
-            .and_then(|()| timeout.map_or(Ok(()), |t| validate::delay("await timeout", t))),
-        Outcome::Done { result } => validate::json("result", result),
-        _ => Ok(()),
-    });
+    let problem = validate::json("state", &out.state)
+        .and_then(|()| out.transition.validate())
+        .and_then(|()| match &out.outcome {
+            Outcome::Replay { delay } => validate::delay("replay delay", *delay),
+            Outcome::Await { names, timeout, .. } => names
+                .iter()
+                .try_for_each(|n| validate::signal_name(n))
+                .and_then(|()| timeout.map_or(Ok(()), |t| validate::delay("await timeout", t))),
+            Outcome::Done { result } => validate::json("result", result),
+            _ => Ok(()),
+        });
     match problem {
         Ok(()) => out,
         Err(e) => {
@@ -429,6 +446,13 @@ fn finish<F: Fsm>(
         }
     };
     let awaited: Vec<i64> = ctx.base.awaited.iter().map(|s| s.id).collect();
+    // The step an outcome leads to: its transition options apply there.
+    let next = match &step.kind {
+        StepKind::Next(to)
+        | StepKind::Await { next: to, .. }
+        | StepKind::ScheduleChildren { next: to, .. } => Some(*to),
+        _ => None,
+    };
     let outcome = match step.kind {
         StepKind::Next(next) => Outcome::Next {
             step: next.step_name(),
@@ -462,6 +486,14 @@ fn finish<F: Fsm>(
         _ => step.error.or(failure),
     };
     let run_ahead = matches!(outcome, Outcome::Next { .. }) && (F::RUN_AHEAD || step.run_ahead);
+    let transition = match next {
+        Some(to) => Transition {
+            key: step.key,
+            rate: step_rate(to, &ctx.state, step.rate, step.weight),
+            no_run_ahead: step.no_run_ahead,
+        },
+        None => Transition::default(),
+    };
     StepOutput {
         outcome,
         state,
@@ -469,6 +501,25 @@ fn finish<F: Fsm>(
         error,
         tx: ctx.base.tx.take(),
         run_ahead,
+        transition,
         duration: started.elapsed(),
     }
+}
+
+/// The rate limit step `to` pays: the transition's own (`limit`, with `weight` or 1),
+/// else the step's declared one (its weight replaced by `weight` if given), else none.
+pub(crate) fn step_rate<F: Fsm>(
+    to: F,
+    state: &F::State,
+    limit: Option<crate::LimitKey>,
+    weight: Option<f64>,
+) -> Option<StepRate> {
+    let mut rate = match limit {
+        Some(key) => StepRate::new(key, 1.0),
+        None => to.step_rate_limit(state)?,
+    };
+    if let Some(w) = weight {
+        rate.weight = w;
+    }
+    Some(rate)
 }

@@ -125,6 +125,32 @@ pub enum Event {
         /// The queue picked.
         queue: String,
     },
+    /// A run-ahead chain went on: the `next` from step `from` committed and step `to`
+    /// runs at once in the same worker, under the same claim.
+    RunAheadContinue {
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The step that returned `next`.
+        from: String,
+        /// The step that runs next.
+        to: &'static str,
+    },
+    /// A run-ahead `next` went back to the picker instead: step `to` needs a claim
+    /// (a new concurrency key or tokens) or the transition said `.no_run_ahead()`.
+    RunAheadYield {
+        /// Instance id.
+        id: i64,
+        /// FSM name.
+        fsm: &'static str,
+        /// The step that returned `next`.
+        step: String,
+        /// The step the picker will run.
+        to: &'static str,
+        /// Why.
+        reason: crate::YieldReason,
+    },
     /// The reaper took back expired leases.
     ReaperReaped {
         /// How many.
@@ -311,6 +337,17 @@ impl Telemetry {
             } => tracing::debug!(
                 target: "gen_durable::rate_limit", wanted, admitted, limit, key, queue,
                 "rate_limit.throttled"),
+            Event::RunAheadContinue { id, fsm, from, to } => tracing::trace!(
+                target: "gen_durable::run_ahead", id, fsm, from, to, "run_ahead.continue"),
+            Event::RunAheadYield {
+                id,
+                fsm,
+                step,
+                to,
+                reason,
+            } => tracing::debug!(
+                target: "gen_durable::run_ahead", id, fsm, step, to, reason = reason.as_str(),
+                "run_ahead.yield"),
             Event::ReaperReaped { count, ids } => tracing::warn!(
                 target: "gen_durable::reaper", count, ids = ?ids, "reaper.reaped"),
             Event::LeaseLost {

@@ -39,6 +39,8 @@ mod rate_limits;
 mod scheduling;
 #[path = "conformance/signals.rs"]
 mod signals;
+#[path = "conformance/transitions.rs"]
+mod transitions;
 #[path = "conformance/waits.rs"]
 mod waits;
 
@@ -88,6 +90,11 @@ conformance! {
     explain::explain_rate_limited_says_when_its_tokens_are_due,
     rate_limits::a_replay_of_the_limited_step_pays_again,
     rate_limits::an_unknown_limit_or_a_weight_above_the_burst_is_refused_and_writes_nothing,
+    transitions::a_transition_takes_a_partition_key_and_a_later_one_releases_it,
+    transitions::a_transition_into_a_gate_runs_at_most_k_steps_of_the_key,
+    transitions::what_the_database_refuses_of_a_transition_stops_the_instance_with_the_refusal,
+    transitions::a_transitions_rate_limit_applies_to_the_step_it_leads_to_and_no_other,
+    transitions::a_steps_declared_rate_limit_applies_on_every_transition_into_it_and_at_insert,
     keys::a_signal_by_key_reaches_its_holder,
     keys::a_key_no_instance_holds_is_key_not_found,
     keys::a_finished_holder_frees_its_key_for_a_new_run,

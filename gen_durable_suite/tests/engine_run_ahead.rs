@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{column, finished, Count, Events};
 use gen_durable::prelude::*;
-use gen_durable::{Event, QueueConfig, Registry};
+use gen_durable::{DurableState, Event, QueueConfig, RateLimit, Registry};
 use gen_durable_testkit::TestDb;
 
 #[durable_fsm(state = Count, queue = "ahead", run_ahead = true)]
@@ -139,6 +139,130 @@ async fn run_ahead_per_outcome() {
         picks_for(&events),
         2,
         "first+second on one claim, third on another"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+/// The state of `Routed`: which transition `a` takes, and the tenant its keys name.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Routing {
+    mode: String,
+    tenant: String,
+}
+
+impl DurableState for Routing {
+    const TYPE_NAME: &'static str = "Routing";
+}
+
+#[durable_fsm(state = Routing, queue = "ahead", run_ahead = true)]
+enum Routed {
+    #[initial]
+    A,
+    B,
+    Charge,
+    C,
+}
+
+#[durable_steps]
+impl Routed {
+    async fn a(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(match ctx.state.mode.as_str() {
+            "key" => Step::next(Routed::B).partition_key(format!("k-{}", ctx.state.tenant)),
+            "off" => Step::next(Routed::B).no_run_ahead(),
+            "rate" => Step::next(Routed::Charge),
+            _ => Step::next(Routed::B),
+        })
+    }
+    async fn b(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::next(Routed::C))
+    }
+    #[step(rate_limit = "ra-stripe", key = tenant)]
+    async fn charge(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::next(Routed::C))
+    }
+    async fn c(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::done(json!(null)))
+    }
+}
+
+/// What run-ahead did after each step of instance `id`: `continue a->b` or
+/// `yield a->b (reason)`, in order.
+fn chain_of(events: &Events, id: i64) -> Vec<String> {
+    events
+        .all()
+        .iter()
+        .filter_map(|e| match e {
+            Event::RunAheadContinue {
+                id: i, from, to, ..
+            } if *i == id => Some(format!("continue {from}->{to}")),
+            Event::RunAheadYield {
+                id: i,
+                step,
+                to,
+                reason,
+                ..
+            } if *i == id => Some(format!("yield {step}->{to} ({})", reason.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Run-ahead never runs inline a step that needs what the claim does not hold — a new
+/// K = 1 key (`contended`), tokens of the step's declared rate limit (`throttled`) — nor
+/// after `.no_run_ahead()` (`off`): the row goes back to the picker, and the chain goes on
+/// from the next claim. A transition that keeps the key runs ahead.
+#[tokio::test]
+async fn run_ahead_yields_to_the_picker_for_a_new_key_tokens_or_no_run_ahead() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let mut reg = Registry::new();
+    reg.register::<Routed>();
+    let engine = Engine::builder(db.pool().clone())
+        .with_registry(reg)
+        .rate_limit("ra-stripe", RateLimit::per(100, Duration::from_secs(1)))
+        .queue_with(
+            "ahead",
+            QueueConfig::new(4).with_poll_interval(Duration::from_millis(50)),
+        )
+        .on_event(events.handler())
+        .start()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for mode in ["same", "key", "off", "rate"] {
+        let state = Routing {
+            mode: mode.into(),
+            tenant: "acme".into(),
+        };
+        ids.push(gd.insert::<Routed>(state).await.unwrap());
+    }
+    for &id in &ids {
+        assert_eq!(finished(db.pool(), id, 10).await, "done");
+    }
+    let chains: Vec<Vec<String>> = ids.iter().map(|&id| chain_of(&events, id)).collect();
+    assert_eq!(
+        chains,
+        [
+            vec!["continue a->b", "continue b->c"],
+            vec!["yield a->b (contended)", "continue b->c"],
+            vec!["yield a->b (off)", "continue b->c"],
+            vec!["yield a->charge (throttled)", "continue charge->c"],
+        ]
+    );
+    // The key taken in the transition is the row's; `charge` paid its declared limit's
+    // key, `tenant` from the state.
+    assert_eq!(
+        column(db.pool(), ids[1], "partition_key").await.as_deref(),
+        Some("k-acme")
+    );
+    let buckets = gd.rate_limits().await.unwrap();
+    assert!(
+        buckets
+            .iter()
+            .any(|b| b.name == "ra-stripe" && b.key.as_deref() == Some("acme")),
+        "{buckets:?}"
     );
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;

@@ -226,33 +226,14 @@ impl TestKit {
             .collect()
     }
 
-    /// `Error::UnknownGate` for the first row naming an undeclared gate, as the foreign
-    /// key to `gd_gates` refuses it: nothing is written.
+    /// `Error::UnknownGate` / `UnknownRateLimit` for the first row naming an undeclared
+    /// gate or limit, as the foreign keys refuse it, or a weight above the burst, as the
+    /// row's check does: nothing is written.
     fn check_gates(&self, rows: &[NewInstance]) -> Result<()> {
-        if let Some(name) = self
-            .store
-            .unknown_gate(rows.iter().filter_map(|r| r.gate.as_deref()))
-        {
-            return Err(Error::UnknownGate { name });
+        match rows.iter().find_map(|r| self.store.refusal_of(r)) {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        for r in rows {
-            let Some((name, _)) = &r.rate_limit else {
-                continue;
-            };
-            match self.store.rate_limit(name) {
-                None => return Err(Error::UnknownRateLimit { name: name.clone() }),
-                Some((_, burst)) if r.rate_weight > burst => {
-                    return Err(Error::InvalidInput {
-                        what: "rate limit weight",
-                        reason: "exceeds its rate limit's burst, so its tokens could never \
-                                 all be there at once"
-                            .into(),
-                    })
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
     }
 
     /// Inserts the due fire times of every schedule (see [`TestKit::schedule`]).

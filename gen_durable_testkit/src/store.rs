@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gen_durable::runtime::{NewInstance, Outcome, StepOutput};
+use gen_durable::__private::ConcurrencyKey;
+use gen_durable::runtime::{refused, KeyChange, NewInstance, Outcome, StepOutput};
 use gen_durable::{
-    CancelFound, ChildInfo, DeliveryFound, OutcomeKind, QueuePause, Registry, RestartFound,
+    CancelFound, ChildInfo, DeliveryFound, Error, OutcomeKind, QueuePause, Registry, RestartFound,
     RetryFound, Signal, Status, Target, WaitRow,
 };
 use serde_json::Value;
@@ -451,13 +452,50 @@ impl Store {
     }
 
     /// The foreign key to `gd_gates`: the first gate of `rows` that is not declared.
-    pub(crate) fn unknown_gate<'a>(
-        &self,
-        mut gates: impl Iterator<Item = &'a str>,
-    ) -> Option<String> {
-        gates
-            .find(|g| !self.gates.contains_key(*g))
-            .map(str::to_string)
+    /// What the database refuses of a row naming `gate` and rate limit `rate` (its name
+    /// and weight): the foreign keys to the declared gates and limits, and the row's
+    /// check of a weight above the burst.
+    pub(crate) fn refusal(&self, gate: Option<&str>, rate: Option<(&str, f64)>) -> Option<Error> {
+        if let Some(g) = gate.filter(|g| !self.gates.contains_key(*g)) {
+            return Some(Error::UnknownGate { name: g.into() });
+        }
+        let (name, weight) = rate?;
+        match self.rate_limit(name) {
+            None => Some(Error::UnknownRateLimit { name: name.into() }),
+            Some((_, burst)) if weight > burst => Some(Error::InvalidInput {
+                what: "rate limit weight",
+                reason: "exceeds its rate limit's burst, so its tokens could never all be \
+                         there at once"
+                    .into(),
+            }),
+            Some(_) => None,
+        }
+    }
+
+    /// [`Store::refusal`] of a row to insert.
+    pub(crate) fn refusal_of(&self, r: &NewInstance) -> Option<Error> {
+        let rate = r
+            .rate_limit
+            .as_ref()
+            .map(|(n, _)| (n.as_str(), r.rate_weight));
+        self.refusal(r.gate.as_deref(), rate)
+    }
+
+    /// What the database refuses of an outcome: a child it would insert, or the gate or
+    /// limit its transition names (the committer then stops the instance instead).
+    fn outcome_refusal(&self, out: &StepOutput) -> Option<Error> {
+        if let Outcome::ScheduleChildren { children, .. } = &out.outcome {
+            if let Some(e) = children.iter().find_map(|c| self.refusal_of(c)) {
+                return Some(e);
+            }
+        }
+        let t = &out.transition;
+        let gate = match &t.key {
+            KeyChange::Set(ConcurrencyKey::Gate(g)) => Some(g.name()),
+            _ => None,
+        };
+        let rate = t.rate.as_ref().map(|r| (r.key.name(), r.weight));
+        self.refusal(gate, rate)
     }
 
     /// Runnable, eligible rows no registered FSM can run, nor any migration move: the
@@ -491,6 +529,11 @@ impl Store {
     /// first (so the counter is what was inserted), then the row, then consumed signals,
     /// the inbox of a finished row, and the parent's fan-in.
     pub(crate) fn apply(&mut self, id: i64, out: &StepOutput, now: DateTime<Utc>) {
+        if let Some(e) = self.outcome_refusal(out) {
+            let mut stop = StepOutput::stopped(refused(&e));
+            stop.state = self.rows[&id].state.clone();
+            return self.apply(id, &stop, now);
+        }
         let mut spawned = 0;
         if let Outcome::ScheduleChildren { children, .. } = &out.outcome {
             let rows = children.iter().cloned().map(|c| (c, Some(id))).collect();
@@ -517,6 +560,22 @@ impl Store {
         };
         if let Some(step) = step {
             row.step = step.to_string();
+            // A transition: its key, and the limit of the step it leads to.
+            match &out.transition.key {
+                KeyChange::Keep => {}
+                KeyChange::Release => (row.partition_key, row.gate) = (None, None),
+                KeyChange::Set(ConcurrencyKey::Partition(k)) => {
+                    (row.partition_key, row.gate) = (Some(k.clone()), None)
+                }
+                KeyChange::Set(ConcurrencyKey::Gate(g)) => {
+                    (row.partition_key, row.gate) = (Some(g.key().into()), Some(g.name().into()))
+                }
+            }
+            let rate = out.transition.rate.as_ref();
+            row.rate_limit = rate.map(|r| (r.key.name().into(), r.key.key().into()));
+            row.rate_weight = rate.map_or(1.0, |r| r.weight);
+            row.rate_step = rate.map(|_| step.to_string());
+            row.rate_paid = false;
         }
         row.state = out.state.clone();
         row.updated_at = now;

@@ -137,7 +137,7 @@ impl CommitterHandle {
                 Err(e) if isolable(&e) => {
                     tracing::warn!(target: "gen_durable::commit", id, error = %e,
                     "the database refused a step's outcome; the instance stops");
-                    output = StepOutput::stopped(refused(&e));
+                    output = StepOutput::stopped(crate::runtime::refused(&e));
                     keep_state = true;
                 }
                 other => return other,
@@ -300,15 +300,12 @@ pub(crate) fn isolable(err: &Error) -> bool {
             )
         }
         Error::Database(sqlx::Error::Encode(_)) => true,
-        // A child naming an undeclared gate (the foreign key, class 23, typed).
-        Error::UnknownGate { .. } => true,
+        // A child or a transition naming an undeclared gate or rate limit, or a weight
+        // above its limit's burst (a foreign key or the row's check, class 23, typed).
+        Error::UnknownGate { .. } | Error::UnknownRateLimit { .. } => true,
+        Error::InvalidInput { what, .. } => *what == "rate limit weight",
         _ => false,
     }
-}
-
-/// What the database refused, as the `stop` reason that replaces the outcome.
-pub(crate) fn refused(err: &Error) -> String {
-    format!("the step's outcome was refused by the database, so the instance stops: {err}")
 }
 
 /// The error a failpoint injects (only with the `failpoints` feature).
@@ -493,7 +490,7 @@ impl Committer {
                 let r = &reqs[0];
                 tracing::warn!(target: "gen_durable::commit", id = r.id, error = %e,
                 "the database refused a step's outcome; the instance stops");
-                let output = StepOutput::stopped(refused(&e));
+                let output = StepOutput::stopped(crate::runtime::refused(&e));
                 let stop = [Commit {
                     id: r.id,
                     epoch: r.epoch,

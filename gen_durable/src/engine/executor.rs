@@ -12,7 +12,7 @@ use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::kind::OutcomeKind;
 use crate::registry::FsmEntry;
-use crate::runtime::{Outcome, StepInput};
+use crate::runtime::{KeyChange, Outcome, StepInput};
 use crate::store::pg::claim;
 use crate::telemetry::Event;
 
@@ -53,7 +53,8 @@ pub(crate) async fn run_step(
                 cancel: cancel.clone(),
                 pool: Some(shared.db.pool.clone()),
             };
-            run_chain(&shared, &queue, entry, epoch, input, &draining).await
+            let key = (row.partition_key, row.gate);
+            run_chain(&shared, &queue, entry, epoch, input, key, &draining).await
         }
         Upgraded::Stop(delay) => delay,
     };
@@ -68,6 +69,7 @@ async fn run_chain(
     entry: FsmEntry,
     epoch: i64,
     mut input: StepInput,
+    mut key: (Option<String>, Option<String>),
     draining: &CancellationToken,
 ) -> Option<Duration> {
     let id = input.id;
@@ -93,14 +95,28 @@ async fn run_chain(
             Outcome::Replay { delay } => Some(delay),
             _ => None,
         };
-        // Never run ahead into a drain or a cancellation: hand the row back instead.
-        let run_ahead = output.run_ahead && !draining.is_cancelled() && !cancel.is_cancelled();
+        // Never run ahead into a drain or a cancellation, nor into a step that needs what
+        // the claim does not hold (a new key, tokens): hand the row back instead.
+        let held = (key.0.as_deref(), key.1.as_deref());
+        let yielded = match output.outcome {
+            Outcome::Next { step: to } if output.run_ahead => {
+                output.transition.yields(held).map(|reason| (to, reason))
+            }
+            _ => None,
+        };
+        let run_ahead = output.run_ahead
+            && yielded.is_none()
+            && !draining.is_cancelled()
+            && !cancel.is_cancelled();
         let next = match (&output.outcome, run_ahead) {
             (Outcome::Next { step }, true) => {
                 Some((*step, output.state.clone(), output.awaited.clone()))
             }
             _ => None,
         };
+        if let (Some(_), KeyChange::Release) = (&next, &output.transition.key) {
+            key = (None, None);
+        }
         let duration = output.duration;
         match shared
             .committer
@@ -110,6 +126,23 @@ async fn run_chain(
             Ok(reply) if reply.committed => {
                 if parks_with_timeout {
                     shared.timeouts_wake.notify_one();
+                }
+                if let Some((to, reason)) = yielded {
+                    shared.telemetry.emit(Event::RunAheadYield {
+                        id,
+                        fsm: entry.name,
+                        step: step.clone(),
+                        to,
+                        reason,
+                    });
+                }
+                if let (Some((to, ..)), true) = (&next, reply.continued) {
+                    shared.telemetry.emit(Event::RunAheadContinue {
+                        id,
+                        fsm: entry.name,
+                        from: step.clone(),
+                        to,
+                    });
                 }
                 shared.telemetry.emit(Event::StepStop {
                     duration,

@@ -222,7 +222,7 @@ impl Picker {
                 break;
             };
             let cancel = CancellationToken::new();
-            let (id, epoch, partitioned) = (row.id, row.lease_epoch, row.partitioned);
+            let (id, epoch, partitioned) = (row.id, row.lease_epoch, row.partition_key.is_some());
             q.shared.claims.run(id, epoch, cancel.clone());
             let handle = self.tasks.spawn(run_step(
                 q.shared.clone(),

@@ -52,10 +52,11 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
         let (variant, handler) = (&s.variant, &s.handler);
         quote_spanned!(variant.span()=> Self::#variant => Self::#handler(ctx),)
     });
+    // The limit each step's handler declares (`#[step(rate_limit = …)]`), by its name.
+    let handler_names: Vec<String> = model.steps.iter().map(|s| s.handler.to_string()).collect();
     // Spanned on the enum's name: without a `#[durable_steps]` block the error is there.
-    let handle = quote_spanned!(ident.span()=>
-        <Self as ::gen_durable::__private::DurableSteps>::handle_failure(err, ctx)
-    );
+    let steps = quote_spanned!(ident.span()=> <Self as ::gen_durable::__private::DurableSteps>);
+    let handle = quote!(#steps::handle_failure(err, ctx));
 
     quote! {
         #errs
@@ -95,6 +96,21 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
             ) -> ::gen_durable::__private::StepFuture<'a, Self> {
                 match self {
                     #(#dispatch)*
+                }
+            }
+
+            fn step_rate_limit(
+                self,
+                state: &Self::State,
+            ) -> ::core::option::Option<::gen_durable::__private::StepRate> {
+                match self {
+                    #(Self::#variants => #steps::handler_rate_limit(#handler_names, state),)*
+                }
+            }
+
+            fn rate_limited(self) -> bool {
+                match self {
+                    #(Self::#variants => #steps::handler_rate_limited(#handler_names),)*
                 }
             }
 

@@ -18,22 +18,30 @@ use syn::spanned::Spanned;
 use syn::{FnArg, ImplItem, ImplItemFn};
 
 use super::parse::StepsInput;
+use super::rate;
 use super::validate::Handler;
 use crate::common::Errors;
 
-pub(super) fn expand(input: StepsInput, handlers: &[Handler], errors: &Errors) -> TokenStream {
-    let errs = errors.to_compile_errors();
+pub(super) fn expand(input: StepsInput, handlers: &[Handler], mut errors: Errors) -> TokenStream {
     let mut item = input.item;
+    let mut rates = Vec::new();
     let self_ty = item.self_ty.clone();
     let mut has_handle = false;
     let mut new_items: Vec<ImplItem> = Vec::new();
     for (index, impl_item) in item.items.drain(..).enumerate() {
-        let ImplItem::Fn(f) = impl_item else {
+        let ImplItem::Fn(mut f) = impl_item else {
             new_items.push(impl_item);
             continue;
         };
         match handlers.iter().find(|h| h.index == index) {
             Some(handler) => {
+                if let Some(r) = rate::take(&mut f, &mut errors) {
+                    if handler.is_handle {
+                        errors.spanned(&f.sig.ident, "`handle` runs no step of its own: put `#[step(rate_limit = …)]` on a step handler");
+                    } else {
+                        rates.push(r);
+                    }
+                }
                 has_handle |= handler.is_handle && handler.valid;
                 let (inner, wrapper) = wrap(f, handler.is_handle, handler.valid);
                 new_items.push(ImplItem::Fn(inner));
@@ -43,6 +51,8 @@ pub(super) fn expand(input: StepsInput, handlers: &[Handler], errors: &Errors) -
         }
     }
     item.items = new_items;
+    let rate_methods = rate::methods(&rates);
+    let errs = errors.to_compile_errors();
 
     let handle = has_handle.then(|| {
         quote! {
@@ -61,6 +71,7 @@ pub(super) fn expand(input: StepsInput, handlers: &[Handler], errors: &Errors) -
         #[automatically_derived]
         impl ::gen_durable::__private::DurableSteps for #self_ty {
             #handle
+            #rate_methods
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod expand;
 mod parse;
+mod rate;
 mod validate;
 
 use proc_macro2::TokenStream;
@@ -15,5 +16,5 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         return quote::quote!(#errs #item);
     };
     let handlers = validate::validate(&input, &mut errors);
-    expand::expand(input, &handlers, &errors)
+    expand::expand(input, &handlers, errors)
 }

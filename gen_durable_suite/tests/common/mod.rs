@@ -89,7 +89,8 @@ pub async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
 macro_rules! test_fsm {
     ($name:ident, state = $state:ty, queue = $queue:expr, version = $ver:expr,
      { $($variant:ident => $sname:literal |$ctx:ident| $body:block),+ $(,)? }
-     $(, handle |$err:ident, $hctx:ident| $hbody:block)? $(, max_reaps = $mr:expr)?) => {
+     $(, handle |$err:ident, $hctx:ident| $hbody:block)? $(, max_reaps = $mr:expr)?
+     $(, rates |$rstep:ident, $rstate:ident| $rbody:block)?) => {
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum $name { $($variant),+ }
         impl ::gen_durable::Fsm for $name {
@@ -113,6 +114,12 @@ macro_rules! test_fsm {
             $(fn handle<'a>($err: ::gen_durable::StepError, ctx: &'a mut ::gen_durable::Ctx<Self>) -> ::gen_durable::StepFuture<'a, Self> {
                 Box::pin(async move { let $hctx = ctx; $hbody })
             })?
+            // What `#[step(rate_limit = …)]` generates: the limit a step declares.
+            $(fn step_rate_limit(self, $rstate: &Self::State) -> Option<::gen_durable::StepRate> {
+                let $rstep = self;
+                $rbody
+            }
+            fn rate_limited(self) -> bool { true })?
         }
     };
 }

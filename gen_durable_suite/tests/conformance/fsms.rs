@@ -317,8 +317,75 @@ pub fn registry() -> Registry {
     r.register::<FlakyAfterAwait>();
     r.register::<Parted>();
     r.register::<KeyedParent>();
+    r.register::<Switch>();
+    r.register::<Hop>();
+    r.register::<Declared>();
+    r.register::<GatedParent>();
     r
 }
+
+// Spawns one `Counter` child under key `k` of the undeclared gate `conf-nogate`.
+test_fsm!(GatedParent, state = S, queue = "conf", version = 1, {
+    Spawn => "spawn" |_ctx| {
+        let child = Child::new::<Counter>(S::default()).gate(("conf-nogate", "k"));
+        Ok(Step::schedule_children(vec![child], GatedParent::Sum))
+    },
+    Sum => "sum" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+// Takes a key in a transition (`tag`: a K = 1 key, or with `n` = 2 a key of gate
+// `conf-tg`, with 3 of the undeclared gate `conf-undeclared`), runs `work` under it (overlap counted per tag), releases it later; parks
+// after each change so the row can be looked at.
+test_fsm!(Switch, state = S, queue = "par", version = 1, {
+    Enter => "enter" |ctx| {
+        let to = Step::next(Switch::Work);
+        let tag = ctx.state.tag.clone();
+        Ok(match ctx.state.n {
+            2 => to.gate(("conf-tg", tag)),
+            3 => to.gate(("conf-undeclared", tag)),
+            _ => to.partition_key(tag),
+        })
+    },
+    Work => "work" |ctx| {
+        step_in_partition(ctx.id(), &ctx.state.tag, "work").await;
+        Ok(Step::await_signal(["go"], Switch::Leave))
+    },
+    Leave => "leave" |_ctx| { Ok(Step::next(Switch::Out).release_partition()) },
+    Out => "out" |_ctx| { Ok(Step::await_signal(["go"], Switch::Fin)) },
+    Fin => "fin" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+// `a` leads to `b` with a rate limit (`conf-tr`, key `tag`, weight `n` or 1), `b` to `c`
+// without one; `c` loops back to `b` once, again without one. Logs each step.
+test_fsm!(Hop, state = S, queue = "conf", version = 1, {
+    A => "a" |ctx| {
+        log(&ctx.state.tag, format!("{}:a", ctx.id()));
+        let to = Step::next(Hop::B).rate_limit(("conf-tr", ctx.state.tag.clone()));
+        Ok(if ctx.state.n > 0 { to.weight(ctx.state.n as f64) } else { to })
+    },
+    B => "b" |ctx| {
+        log(&ctx.state.tag, format!("{}:b", ctx.id()));
+        Ok(Step::next(Hop::C))
+    },
+    C => "c" |ctx| {
+        log(&ctx.state.tag, format!("{}:c", ctx.id()));
+        ctx.state.log.push("c".into());
+        if ctx.state.log.len() < 2 { Ok(Step::next(Hop::B)) } else { Ok(Step::done(json!(null))) }
+    },
+});
+
+// `pay` declares rate limit `conf-decl` (key `tag`), as `#[step(rate_limit = "conf-decl",
+// key = tag)]` would; `start` leads to it with no options, `again` with weight 2.
+test_fsm!(Declared, state = S, queue = "conf", version = 1, {
+    Start => "start" |_ctx| { Ok(Step::next(Declared::Pay)) },
+    Pay => "pay" |ctx| {
+        log(&ctx.state.tag, format!("{}:pay", ctx.id()));
+        ctx.state.n += 1;
+        Ok(if ctx.state.n < 2 { Step::next(Declared::Pay).weight(2.0) } else { Step::done(json!(ctx.state.n)) })
+    },
+}, rates |step, state| {
+    matches!(step, Declared::Pay).then(|| gen_durable::StepRate::new(("conf-decl", state.tag.clone()), 1.0))
+});
 
 // Spawns one `Waiter` child holding the key `child:<tag>`, and ends with its result.
 test_fsm!(KeyedParent, state = S, queue = "conf", version = 1, {

@@ -45,7 +45,10 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
                               WHERE attrelid = to_regclass('gd_nodes') AND attname = 'steps'
                                 AND NOT attisdropped) THEN 'gd_nodes.steps'
             WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates'
-            WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits' END AS missing,
+            WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_proc
+                              WHERE proname = 'gd_commit_outcomes' AND pronargs = 22)
+                THEN 'gd_commit_outcomes (with transitions)' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

@@ -156,7 +156,7 @@ WITH picked AS MATERIALIZED (
       FROM chosen c
      WHERE i.id = c.id AND NOT EXISTS (SELECT 1 FROM owed o WHERE o.id = c.id)
     RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
-              i.partition_key IS NOT NULL AS partitioned, i.partition_key, i.gate
+              i.partition_key, i.gate
 ), pick AS (
     SELECT coalesce($7, now()) AS now,
            least((SELECT min(due) FROM owed),
@@ -175,7 +175,7 @@ WITH picked AS MATERIALIZED (
                AS contended
 )
 SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
-       c.partitioned, c.partition_key, c.gate,
+       c.partition_key, c.gate,
        (SELECT coalesce(json_agg(json_build_object(
                    'id', s.id, 'name', s.name, 'payload', s.payload,
                    'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
@@ -202,9 +202,8 @@ pub(crate) struct Claimed {
     pub(crate) attempt: i32,
     pub(crate) awaits: Vec<String>,
     pub(crate) lease_epoch: i64,
-    /// It has a partition key: when its step ends, the key's next row may run.
-    pub(crate) partitioned: bool,
-    /// Its partition key (a K = 1 key, or its key within `gate`).
+    /// Its partition key (a K = 1 key, or its key within `gate`): when its step ends,
+    /// the key's next row may run.
     pub(crate) partition_key: Option<String>,
     /// Its gate.
     pub(crate) gate: Option<String>,

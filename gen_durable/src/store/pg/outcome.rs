@@ -11,8 +11,8 @@ use sqlx::PgConnection;
 use crate::error::Result;
 use crate::kind::OutcomeKind;
 use crate::pooler::On;
-use crate::runtime::{NewInstance, Outcome, StepOutput};
-use crate::store::pg::insert::insert_with_parents;
+use crate::runtime::{NewInstance, Outcome, StepOutput, Transition};
+use crate::store::pg::insert::{gate_error, insert_with_parents};
 use crate::store::pg::millis;
 
 /// Only for a batch that spawns children, in its own transaction, before the children
@@ -44,14 +44,15 @@ SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS 
    AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
 "#;
 
-/// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0005)
+/// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0013)
 /// locks the rows (and the parents of the rows it ends) without waiting, fences each row
 /// in its update, applies the outcome table, then — with a fresh snapshot, under
 /// the row locks it now holds — deletes the whole inbox of the finished rows and wakes a
 /// parked `await` whose signal is already in. Why it is a function: see the migration.
 const APPLY: &str = r#"/* gd:apply */
 SELECT committed, continued, at, deferred
-  FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+  FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                          $17, $18, $19, $20, $21, $22)
 "#;
 
 /// The outcome children are inserted for: none if the instance was cancelled while the
@@ -150,8 +151,15 @@ pub(crate) async fn commit(
             .bind(a.seen)
             .bind(notify)
             .bind(now)
+            .bind(a.moves.as_ref().map(|m| &m.keyed))
+            .bind(a.moves.as_ref().map(|m| &m.key))
+            .bind(a.moves.as_ref().map(|m| &m.gate))
+            .bind(a.moves.as_ref().map(|m| &m.rate_limit))
+            .bind(a.moves.as_ref().map(|m| &m.rate_key))
+            .bind(a.moves.as_ref().map(|m| &m.rate_weight))
             .fetch_one(conn.again())
-            .await?;
+            .await
+            .map_err(gate_error)?;
     let mut deferred = spawned.deferred;
     deferred.extend(later);
     Ok(Committed {
@@ -235,6 +243,42 @@ struct Arrays<'x> {
     run_ahead: Vec<bool>,
     consumed: Vec<i64>,
     seen: Vec<i64>,
+    /// The transitions' keys and limits; `None` when no outcome of the batch has any
+    /// (the function then keeps every key and clears every transition's limit).
+    moves: Option<Moves>,
+}
+
+/// The per-transition columns (see [`crate::runtime::Transition`]), one element per outcome.
+#[derive(Debug, Default)]
+struct Moves {
+    keyed: Vec<bool>,
+    key: Vec<Option<String>>,
+    gate: Vec<Option<String>>,
+    rate_limit: Vec<Option<String>>,
+    rate_key: Vec<Option<String>>,
+    rate_weight: Vec<Option<f64>>,
+}
+
+impl Moves {
+    fn of(sorted: &[&Commit<'_>]) -> Option<Self> {
+        let plain = |c: &&Commit<'_>| c.output.transition == Transition::default();
+        if sorted.iter().all(plain) {
+            return None;
+        }
+        let mut m = Moves::default();
+        for c in sorted {
+            let t = &c.output.transition;
+            let (keyed, key, gate) = t.key_columns();
+            m.keyed.push(keyed);
+            m.key.push(key);
+            m.gate.push(gate);
+            m.rate_limit
+                .push(t.rate.as_ref().map(|r| r.key.name.clone()));
+            m.rate_key.push(t.rate.as_ref().map(|r| r.key.key.clone()));
+            m.rate_weight.push(t.rate.as_ref().map(|r| r.weight));
+        }
+        Some(m)
+    }
 }
 
 impl<'x> Arrays<'x> {
@@ -254,6 +298,7 @@ impl<'x> Arrays<'x> {
             run_ahead: Vec::with_capacity(n),
             consumed: Vec::new(),
             seen: Vec::new(),
+            moves: Moves::of(sorted),
         };
         for c in sorted {
             let out: &'x StepOutput = c.output;
@@ -374,6 +419,7 @@ mod tests {
                 error: None,
                 tx: None,
                 run_ahead: false,
+                transition: Transition::default(),
                 duration: std::time::Duration::ZERO,
             };
             let stale = output(Outcome::Next { step: "ship" }, "stale");
