@@ -267,8 +267,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
         if !ALL.contains(&s.as_str()) && !EXTRA.contains(&s.as_str()) {
             return Err(format!("unknown scenario {s:?} (one of {ALL:?}, {EXTRA:?})").into());
         }
-        if procs && s != "drain" && s != "five_step" {
-            return Err(format!("--processes runs drain and five_step, not {s}").into());
+        if procs && !["drain", "five_step", "drain_gated"].contains(&s.as_str()) {
+            return Err(
+                format!("--processes runs drain, five_step and drain_gated, not {s}").into(),
+            );
         }
     }
     if args.processes.contains(&0) {

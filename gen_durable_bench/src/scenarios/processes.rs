@@ -1,4 +1,4 @@
-//! `--processes N[,N…]`: `drain` and `five_step` with their engines in N worker processes
+//! `--processes N[,N…]`: `drain`, `five_step` and `drain_gated` with their engines in N worker processes
 //! on the one database, instead of one engine in the harness's own process.
 //!
 //! The parent inserts the backlog exactly as the in-process scenario does (an empty table,
@@ -38,7 +38,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::ConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
-use super::drain::Backlog;
+use super::drain::{Backlog, Flow};
 use super::tracker::{start_engine, Tracker};
 use super::{scalar_i64, EngineCfg, R};
 use crate::fsms::{reset_probe, PROBE};
@@ -48,7 +48,7 @@ use gen_durable_testkit::statements::{by_kind, KindCount, StatementLog, MARKED_K
 /// The `application_name` of worker K's connections: `gd_bench_worker_K`.
 const APP: &str = "gd_bench_worker_";
 
-/// Runs `name` (`drain` or `five_step`) with the engines in each count of worker processes
+/// Runs `name` (`drain`, `five_step` or `drain_gated`) with the engines in each count of worker processes
 /// of `--processes`, in turn, `--runs` times: `1,2,4` with 3 runs is 1,2,4, 1,2,4, 1,2,4.
 /// `emit` gets each run's report, then (with several runs) each count's median report
 /// with the number of runs. `scaling` is `per_s` over that of the first count of the
@@ -58,10 +58,19 @@ pub(crate) async fn curve(
     name: &str,
     emit: &mut dyn FnMut(&Report, Option<usize>),
 ) -> R<()> {
-    let five = match name {
-        "drain" => false,
-        "five_step" => true,
-        other => return Err(format!("--processes runs drain and five_step, not {other}").into()),
+    let backlog = match name {
+        "drain" => Backlog::new(b, false),
+        "five_step" => Backlog::new(b, true),
+        // Every process's engine on one hot key of the gate (K = 256 across them all).
+        "drain_gated" => Backlog {
+            flow: Flow::Gate,
+            ..Backlog::new(b, false)
+        },
+        other => {
+            return Err(
+                format!("--processes runs drain, five_step and drain_gated, not {other}").into(),
+            )
+        }
     };
     if b.args.pooler_url.is_some() || b.args.listener.is_some() {
         return Err("--processes does not pass --pooler-url or --listener to its workers".into());
@@ -74,7 +83,7 @@ pub(crate) async fn curve(
         let mut base = None;
         for (k, &procs) in counts.iter().enumerate() {
             eprintln!("scenario {name}: {procs} processes, run {run} of {runs}");
-            let mut r = drain_in(b, &cfg, Backlog::new(b, five), procs).await?;
+            let mut r = drain_in(b, &cfg, backlog, procs).await?;
             let base = *base.get_or_insert(r.per_s);
             r.extra.insert("run".into(), json!(run));
             r.extra
