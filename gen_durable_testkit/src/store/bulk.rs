@@ -11,24 +11,27 @@
 use chrono::{DateTime, Utc};
 use gen_durable::{BulkReport, CancelFound, FilterMatch, RetryFound, BULK_BATCH};
 
-use super::Store;
+use super::{Row, Store};
 
 impl Store {
+    /// Whether `m` matches row `r`.
+    fn matched(m: &FilterMatch, r: &Row) -> bool {
+        m.matches(
+            &r.queue,
+            &r.fsm,
+            r.version,
+            r.status,
+            r.updated_at,
+            r.unique_key.as_deref(),
+        )
+    }
+
     /// MATCHING_IDS: up to `BULK_BATCH` ids above `after` that `m` matches, ascending.
     fn matching(&self, m: &FilterMatch, after: i64) -> Vec<i64> {
         self.rows
             .range(after + 1..)
             .map(|(_, r)| r)
-            .filter(|r| {
-                m.matches(
-                    &r.queue,
-                    &r.fsm,
-                    r.version,
-                    r.status,
-                    r.updated_at,
-                    r.unique_key.as_deref(),
-                )
-            })
+            .filter(|r| Self::matched(m, r))
             .take(BULK_BATCH as usize)
             .map(|r| r.id)
             .collect()
@@ -36,20 +39,7 @@ impl Store {
 
     /// MATCHING_COUNT: a dry run's report.
     pub(crate) fn dry_run(&self, m: &FilterMatch) -> BulkReport {
-        let matched = self
-            .rows
-            .values()
-            .filter(|r| {
-                m.matches(
-                    &r.queue,
-                    &r.fsm,
-                    r.version,
-                    r.status,
-                    r.updated_at,
-                    r.unique_key.as_deref(),
-                )
-            })
-            .count();
+        let matched = self.rows.values().filter(|r| Self::matched(m, r)).count();
         BulkReport {
             matched: matched as u64,
             dry_run: true,
@@ -57,10 +47,13 @@ impl Store {
         }
     }
 
-    /// Cancels every live row `m` matches with its live descendants, batch by batch; a
-    /// row a previous batch already failed (a descendant of an earlier match) no longer
-    /// matches.
-    pub(crate) fn cancel_where(&mut self, m: &FilterMatch, now: DateTime<Utc>) -> BulkReport {
+    /// The bulk loop both actions share: the batches of matching ids, each id handed to
+    /// `act` with the report to count it in.
+    fn each_batch(
+        &mut self,
+        m: &FilterMatch,
+        mut act: impl FnMut(&mut Self, i64, &mut BulkReport),
+    ) -> BulkReport {
         let mut report = BulkReport::default();
         let mut after = 0;
         loop {
@@ -70,38 +63,33 @@ impl Store {
             report.matched += ids.len() as u64;
             report.batches += 1;
             for id in ids {
-                match self.cancel(id, now) {
-                    CancelFound::Cancelled { failed, flagged } => {
-                        report.changed += failed as u64;
-                        report.after_current_step += flagged as u64;
-                    }
-                    // A descendant of a row cancelled earlier in this batch: the SQL
-                    // locks the batch's roots first and counts it live, and fails it once.
-                    CancelFound::Finished(_) | CancelFound::NotFound => {}
-                }
+                act(self, id, &mut report);
             }
         }
         report
     }
 
+    /// Cancels every live row `m` matches with its live descendants, batch by batch; a
+    /// row a previous batch already failed (a descendant of an earlier match) no longer
+    /// matches.
+    pub(crate) fn cancel_where(&mut self, m: &FilterMatch, now: DateTime<Utc>) -> BulkReport {
+        self.each_batch(m, |store, id, report| match store.cancel(id, now) {
+            CancelFound::Cancelled { failed, flagged } => {
+                report.changed += failed as u64;
+                report.after_current_step += flagged as u64;
+            }
+            // A descendant of a row cancelled earlier in this batch: the SQL locks the
+            // batch's roots first and counts it live, and fails it once.
+            CancelFound::Finished(_) | CancelFound::NotFound => {}
+        })
+    }
+
     /// Retries every failed row `m` matches, batch by batch; one whose parent moved on or
     /// whose key another row holds is skipped, as `retry` refuses it.
     pub(crate) fn retry_where(&mut self, m: &FilterMatch, now: DateTime<Utc>) -> BulkReport {
-        let mut report = BulkReport::default();
-        let mut after = 0;
-        loop {
-            let ids = self.matching(m, after);
-            let Some(&last) = ids.last() else { break };
-            after = last;
-            report.matched += ids.len() as u64;
-            report.batches += 1;
-            for id in ids {
-                match self.retry(id, now) {
-                    RetryFound::Retried => report.changed += 1,
-                    _ => report.skipped += 1,
-                }
-            }
-        }
-        report
+        self.each_batch(m, |store, id, report| match store.retry(id, now) {
+            RetryFound::Retried => report.changed += 1,
+            _ => report.skipped += 1,
+        })
     }
 }
