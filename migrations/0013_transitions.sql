@@ -13,8 +13,8 @@
 --                  isolates that outcome and stops the instance with the refusal.
 -- The arrays may be NULL when no outcome of the batch has options: every transition then
 -- keeps its key and clears its limit. The 16-argument function of migration 0006 stays,
--- for nodes of the previous version during a rolling deploy; it never changes a key or
--- a limit. Otherwise the function is migration 0006's, whose comments explain it.
+-- for nodes of the previous version during a rolling deploy, as a call of this one with
+-- no options. Otherwise the function is migration 0006's, whose comments explain it.
 
 CREATE FUNCTION gd_commit_outcomes(
     p_node      text,
@@ -125,9 +125,13 @@ BEGIN
                       CASE WHEN e.kind = 'await' AND p_delays[e.n] IS NOT NULL
                                 THEN t + p_delays[e.n] * interval '1 millisecond'
                            WHEN e.kind = 'replay' THEN i.await_deadline END,
-                      t + CASE WHEN e.kind = 'replay'
-                               THEN p_delays[e.n] * interval '1 millisecond'
-                               ELSE interval '0' END,
+                      -- A row that runs ahead keeps its eligibility (it is not
+                      -- runnable; a release or the reaper sets it): with `updated_at`
+                      -- unindexed (migration 0014), such a step's update is HOT.
+                      CASE WHEN e.kind = 'next' AND p_run_ahead[e.n] THEN i.eligible_at
+                           ELSE t + CASE WHEN e.kind = 'replay'
+                                         THEN p_delays[e.n] * interval '1 millisecond'
+                                         ELSE interval '0' END END,
                       CASE WHEN e.kind = 'replay' THEN i.attempt + 1
                            WHEN e.kind IN ('done', 'stop') THEN i.attempt
                            ELSE 0 END,
@@ -206,4 +210,34 @@ BEGIN
 
     at := t;
 END
+$$;
+
+-- What nodes of the previous version call: this function without transition options.
+CREATE OR REPLACE FUNCTION gd_commit_outcomes(
+    p_node      text,
+    p_ids       int8[],
+    p_epochs    int8[],
+    p_kinds     text[],
+    p_steps     text[],
+    p_states    jsonb[],
+    p_results   jsonb[],
+    p_errors    text[],
+    p_delays    int8[],
+    p_awaits    text[],
+    p_children  int4[],
+    p_run_ahead bool[],
+    p_consumed  int8[],
+    p_seen      int8[],
+    p_notify    text[],
+    p_now       timestamptz,
+    OUT committed int8[],
+    OUT continued int8[],
+    OUT at        timestamptz,
+    OUT deferred  int8[]
+) LANGUAGE sql VOLATILE AS $$
+    SELECT f.committed, f.continued, f.at, f.deferred
+      FROM gd_commit_outcomes(p_node, p_ids, p_epochs, p_kinds, p_steps, p_states, p_results,
+                              p_errors, p_delays, p_awaits, p_children, p_run_ahead,
+                              p_consumed, p_seen, p_notify, p_now,
+                              NULL, NULL, NULL, NULL, NULL, NULL) f
 $$;

@@ -48,7 +48,11 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc
                               WHERE proname = 'gd_commit_outcomes' AND pronargs = 22)
-                THEN 'gd_commit_outcomes (with transitions)' END AS missing,
+                THEN 'gd_commit_outcomes (with transitions)'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
+                              WHERE attrelid = to_regclass('gd_instances')
+                                AND attname = 'finished_at' AND NOT attisdropped)
+                THEN 'gd_instances.finished_at' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 
@@ -316,8 +320,9 @@ pub(crate) async fn inspect<'e>(
 ///   collector) never wait on each other, and a row a signal delivery is locking right
 ///   now (its foreign key takes `KEY SHARE`, which `FOR UPDATE` conflicts with) is
 ///   skipped until the next batch.
-/// - Ordered by `updated_at, id`, the order of the `gd_instances_terminal` index over
-///   terminal rows, so each batch reads the oldest entries and stops at the limit.
+/// - Ordered by `finished_at, id`, the order of the `gd_instances_finished` index over
+///   terminal rows (`finished_at` is their `updated_at`, migration 0014), so each batch
+///   reads the oldest entries and stops at the limit.
 /// - Never a child of a live parent: a parent that is not terminal reads its children's
 ///   outcomes in `ctx.children()` once they have all ended, so they must outlive it.
 /// - The inbox goes with the row (`ON DELETE CASCADE`); terminal rows have none anyway.
@@ -325,10 +330,10 @@ pub(super) const GC: &str = r#"/* gd:collect */
 WITH doomed AS MATERIALIZED (
     SELECT i.id FROM gd_instances i
      WHERE i.status IN ('done', 'failed')
-       AND i.updated_at < coalesce($3, now()) - $1 * interval '1 millisecond'
+       AND i.finished_at < coalesce($3, now()) - $1 * interval '1 millisecond'
        AND NOT EXISTS (SELECT 1 FROM gd_instances p
                         WHERE p.id = i.parent_id AND p.status NOT IN ('done', 'failed'))
-     ORDER BY i.updated_at, i.id
+     ORDER BY i.finished_at, i.id
      LIMIT $2
        FOR UPDATE SKIP LOCKED
 )

@@ -12,16 +12,15 @@ use sqlx::PgExecutor;
 use crate::error::Result;
 
 /// Done and failed rows per minute since `$1`, for the overview's chart. A range of the
-/// collector's index `gd_instances_terminal (updated_at) WHERE status IN ('done',
+/// collector's index `gd_instances_finished (finished_at) WHERE status IN ('done',
 /// 'failed')`, so it reads the rows that finished in the window and nothing older: its
-/// cost follows the throughput, not the table. A row's `updated_at` of a terminal row is
-/// when it finished (nothing updates it afterwards).
+/// cost follows the throughput, not the table.
 const THROUGHPUT: &str = r#"/* gd:dashboard */
-SELECT date_trunc('minute', updated_at) AS minute,
+SELECT date_trunc('minute', finished_at) AS minute,
        count(*) FILTER (WHERE status = 'done') AS done,
        count(*) FILTER (WHERE status = 'failed') AS failed
   FROM gd_instances
- WHERE status IN ('done', 'failed') AND updated_at >= $1
+ WHERE status IN ('done', 'failed') AND finished_at >= $1
  GROUP BY 1
  ORDER BY 1
 "#;
