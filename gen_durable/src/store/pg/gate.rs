@@ -68,3 +68,81 @@ pub(crate) struct UsageRow {
 pub(crate) async fn usage<'e>(db: impl PgExecutor<'e>) -> Result<Vec<UsageRow>> {
     Ok(sqlx::query_as(USAGE).fetch_all(db).await?)
 }
+
+/// [`USAGE`] at a bounded cost, for the dashboard's `/limits`: [`USAGE`] reads every
+/// runnable gated row to count the waiting ones, and no index gives them (the pick index
+/// has neither the gate nor the key), so on a large backlog it scans the table. Here:
+///
+/// - `running`: per gate, at most `$1` executing rows, an index-only range of the gate
+///   index `gd_instances_gate_executing (gate, partition_key, gate_slot) WHERE status =
+///   'executing' AND gate IS NOT NULL` in key order. A gate whose range was cut (`cut`)
+///   has exact counts below the last key read; that key and the keys after it are lower
+///   bounds (`running_capped`).
+/// - `waiting`: the gated rows among the first `$2` runnable rows in pick order (the pick
+///   index, stopped by the `LIMIT`: the rows the next picks would reach first, read from
+///   the heap for their gate and key). Exact when fewer than `$2` rows are runnable in
+///   all; lower bounds otherwise (`waiting_capped`), and a key whose waiting rows all lie
+///   past the window shows none.
+///
+/// Its cost is at most `$1` index entries per declared gate and `$2` runnable rows,
+/// whatever the table holds. `Client::gates` and `gen_durable status` keep [`USAGE`]:
+/// exact, on demand.
+#[cfg(feature = "dashboard")]
+pub(super) const USAGE_CAPPED: &str = r#"/* gd:gate */
+WITH read AS (
+    SELECT g.name AS gate, r.key
+      FROM gd_gates g,
+           LATERAL (SELECT i.partition_key AS key FROM gd_instances i
+                     WHERE i.status = 'executing' AND i.gate IS NOT NULL AND i.gate = g.name
+                     ORDER BY i.partition_key, i.gate_slot
+                     LIMIT $1) r
+), running AS (
+    SELECT gate, key, count(*) AS running FROM read GROUP BY gate, key
+), cut AS (
+    SELECT gate, max(key) AS from_key FROM read GROUP BY gate HAVING count(*) >= $1
+), seen AS MATERIALIZED (
+    SELECT i.gate, i.partition_key AS key FROM gd_instances i
+     WHERE i.status = 'runnable'
+     ORDER BY i.queue, i.priority, i.eligible_at, i.id
+     LIMIT $2
+), waiting AS (
+    SELECT gate, key, count(*) AS waiting FROM seen WHERE gate IS NOT NULL GROUP BY gate, key
+)
+SELECT g.name, g.size, k.key, coalesce(k.running, 0) AS running,
+       coalesce(k.waiting, 0) AS waiting,
+       coalesce(k.key >= c.from_key, false) AS running_capped,
+       (SELECT count(*) >= $2 FROM seen) AS waiting_capped
+  FROM gd_gates g
+  LEFT JOIN (SELECT * FROM running FULL JOIN waiting USING (gate, key)) k ON k.gate = g.name
+  LEFT JOIN cut c ON c.gate = g.name
+ ORDER BY g.name, k.running DESC NULLS LAST, k.key
+"#;
+
+/// One gate key's use as [`USAGE_CAPPED`] counts it: `running_capped` and
+/// `waiting_capped` say which counts are lower bounds.
+#[cfg(feature = "dashboard")]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct CappedUsageRow {
+    pub(crate) name: String,
+    pub(crate) size: i32,
+    pub(crate) key: Option<String>,
+    pub(crate) running: i64,
+    pub(crate) waiting: i64,
+    pub(crate) running_capped: bool,
+    pub(crate) waiting_capped: bool,
+}
+
+/// Every declared gate with its keys in use, reading at most `running_cap` executing rows
+/// per gate and `runnable_cap` runnable rows (see [`USAGE_CAPPED`]).
+#[cfg(feature = "dashboard")]
+pub(crate) async fn usage_capped<'e>(
+    db: impl PgExecutor<'e>,
+    running_cap: i64,
+    runnable_cap: i64,
+) -> Result<Vec<CappedUsageRow>> {
+    Ok(sqlx::query_as(USAGE_CAPPED)
+        .bind(running_cap)
+        .bind(runnable_cap)
+        .fetch_all(db)
+        .await?)
+}

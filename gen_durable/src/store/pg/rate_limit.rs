@@ -64,6 +64,39 @@ pub(crate) async fn buckets<'e>(
     Ok(sqlx::query_as(BUCKETS).bind(now).fetch_all(db).await?)
 }
 
+/// [`BUCKETS`] with at most `$2` buckets per limit, for the dashboard's `/limits`: each
+/// limit's buckets are a range of the primary key `gd_buckets (name, key)` in key order,
+/// stopped by the `LIMIT`. `gd_buckets` holds the keys in use (the collector deletes full
+/// ones), but a limit keyed by tenant can have that many; the page's cost stays at `$2`
+/// index entries per declared limit.
+#[cfg(feature = "dashboard")]
+pub(super) const BUCKETS_CAPPED: &str = r#"/* gd:rate_limit */
+SELECT l.name, l.per_second, l.burst, b.key,
+       least(l.burst, b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second)
+           AS tokens
+  FROM gd_rate_limits l
+  LEFT JOIN LATERAL (SELECT b.key, b.tokens, b.at FROM gd_buckets b
+                      WHERE b.name = l.name
+                      ORDER BY b.key
+                      LIMIT $2) b ON true
+ ORDER BY l.name, b.key
+"#;
+
+/// Every declared limit with at most `per_limit` of its buckets, in key order (see
+/// [`BUCKETS_CAPPED`]).
+#[cfg(feature = "dashboard")]
+pub(crate) async fn buckets_capped<'e>(
+    db: impl PgExecutor<'e>,
+    now: Option<DateTime<Utc>>,
+    per_limit: i64,
+) -> Result<Vec<BucketUse>> {
+    Ok(sqlx::query_as(BUCKETS_CAPPED)
+        .bind(now)
+        .bind(per_limit)
+        .fetch_all(db)
+        .await?)
+}
+
 /// Deletes up to `$1` buckets that are full again: nothing reserved, and idle long enough
 /// to have refilled. A missing bucket is a full one to the claim (it mints it full), so
 /// this changes no admission; it keeps `gd_buckets` to the keys in use. Buckets a claim
