@@ -196,8 +196,8 @@ fn field(row: &str, name: &str) -> (String, String) {
 }
 
 /// `/limits` shows every gate with K and its keys in use (running, waiting, full), and
-/// every rate limit with its buckets (tokens now, reserved below zero); past the cap of
-/// runnable rows read, waiting counts say "N+".
+/// every rate limit with its buckets (tokens now, reserved below zero); past the caps of
+/// rows read, counts say "N+" and the page says where keys or buckets may be missing.
 #[tokio::test]
 async fn the_flow_control_page_shows_gates_and_buckets() {
     let db = TestDb::new().await;
@@ -273,6 +273,51 @@ async fn the_flow_control_page_shows_gates_and_buckets() {
         "{}",
         p.body
     );
+
+    // More executing gated rows and more buckets than the page reads (1,000 of each, in
+    // key order): the key where reading stopped is a lower bound, the keys after it are
+    // not listed and a row says so; the limit after the last bucket read is "not read".
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at, gate, partition_key, gate_slot)
+         SELECT 'Charge', 1, 'charge', '{}', 'payments', 'executing', 'node-a', 1,
+                now() + interval '30 seconds', 'stripe', 'k' || lpad(g::text, 4, '0'), 0
+           FROM generate_series(0, 999) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_buckets (name, key, tokens, at)
+         SELECT 'carrier', 'k' || lpad(g::text, 4, '0'), 1, now() FROM generate_series(0, 999) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let p = get(&app, "/limits").await;
+    let acme = table_row(&p.body, "data-gate=\"stripe\" data-key=\"acme\"");
+    assert_eq!(field(acme, "running"), ("exact".into(), "2".into()));
+    // acme (2), beta (1), k0000 … k0996: 1,000 rows read.
+    let last = table_row(&p.body, "data-gate=\"stripe\" data-key=\"k0996\"");
+    assert_eq!(field(last, "running"), ("at-least".into(), "1+".into()));
+    assert!(
+        !p.body.contains("data-gate=\"stripe\" data-key=\"k0997\""),
+        "{}",
+        p.body
+    );
+    assert!(
+        table_row(&p.body, "data-gate=\"stripe\" data-more=\"true\"")
+            .contains("more keys may be running")
+    );
+    assert!(table_row(&p.body, "data-gate=\"smtp\"").contains("no key in use"));
+    // eu, k0000 … k0998: 1,000 buckets read; us and the limit sms are past them.
+    assert!(p.body.contains("data-limit=\"carrier\" data-key=\"k0998\""));
+    assert!(!p.body.contains("data-limit=\"carrier\" data-key=\"us\""));
+    assert!(
+        table_row(&p.body, "data-limit=\"carrier\" data-more=\"true\"")
+            .contains("more buckets may follow")
+    );
+    assert!(table_row(&p.body, "data-limit=\"sms\"").contains("buckets not read"));
     db.close().await;
 }
 

@@ -4,11 +4,11 @@
 //! reserved by waiting rows. What `Client::gates` and `Client::rate_limits` return, read
 //! at a bounded cost: `Client::gates` counts the waiting rows of every key, which reads
 //! every runnable gated row (no index has the gate of a runnable row), so this page
-//! counts them among the first [`RUNNABLE_READ`] runnable rows in pick order, the
-//! executing rows up to [`RUNNING_READ`] per gate through the gate index, and shows
-//! [`BUCKETS_SHOWN`] buckets per limit; a figure past a cap is marked "N+"
-//! (`store::pg::gate::USAGE_CAPPED`, `store::pg::rate_limit::BUCKETS_CAPPED`). Read-only:
-//! no action.
+//! counts them among the first [`RUNNABLE_READ`] runnable rows in pick order, reads at
+//! most [`RUNNING_READ`] executing gated rows through the gate index and
+//! [`BUCKETS_READ`] buckets; a figure past a cap is marked "N+", and the rows say where
+//! keys or buckets may be missing (`store::pg::gate::USAGE_CAPPED`,
+//! `store::pg::rate_limit::BUCKETS_CAPPED`). Read-only: no action.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -20,17 +20,18 @@ use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::AppState;
 use crate::counts::Figure;
-use crate::rate_limit::BucketUse;
 use crate::store::pg::gate::CappedUsageRow;
+use crate::store::pg::rate_limit::CappedBucketRow;
 use crate::store::pg::{admin, gate, rate_limit};
 
-/// The most executing rows of one gate the page reads (through the gate index).
+/// The most executing gated rows the page reads (the gate index, in (gate, key) order):
+/// the overview's cap of executing rows.
 pub(crate) const RUNNING_READ: i64 = 1_000;
 /// The most runnable rows the page reads to count the waiting ones (the pick index, in
 /// pick order): the overview's cap.
 pub(crate) const RUNNABLE_READ: i64 = 1_000;
-/// The most buckets of one rate limit the page shows (the primary key, in key order).
-pub(crate) const BUCKETS_SHOWN: i64 = 1_000;
+/// The most buckets the page reads (the primary key, in (limit, key) order).
+pub(crate) const BUCKETS_READ: i64 = 1_000;
 
 /// A gate and its keys in use.
 #[derive(Debug)]
@@ -38,6 +39,8 @@ struct GateLines<'a> {
     name: &'a str,
     size: i32,
     keys: Vec<&'a CappedUsageRow>,
+    /// Some of its executing rows may not have been read.
+    keys_cut: bool,
 }
 
 /// A rate limit and the buckets shown.
@@ -46,9 +49,9 @@ struct LimitLines<'a> {
     name: &'a str,
     per_second: f64,
     burst: f64,
-    buckets: Vec<&'a BucketUse>,
-    /// More buckets than [`BUCKETS_SHOWN`].
-    more: bool,
+    buckets: Vec<&'a CappedBucketRow>,
+    /// Some of its buckets may not have been read.
+    cut: bool,
 }
 
 pub(crate) async fn page(
@@ -61,8 +64,7 @@ pub(crate) async fn page(
     let now = admin::db_now(pool, None).await?;
     let (usage, buckets) = tokio::try_join!(
         gate::usage_capped(pool, RUNNING_READ, RUNNABLE_READ),
-        // One more than shown: whether a limit has more.
-        rate_limit::buckets_capped(pool, Some(now), BUCKETS_SHOWN + 1),
+        rate_limit::buckets_capped(pool, Some(now), BUCKETS_READ),
     )?;
     let gates = group_gates(&usage);
     let limits = group_limits(&buckets);
@@ -83,7 +85,10 @@ pub(crate) async fn page(
                         tr data-gate=(g.name) {
                             td { (g.name) }
                             td.n data-field="limit" { (g.size) }
-                            td.note colspan="4" { "no key in use" }
+                            td.note colspan="4" {
+                                @if g.keys_cut { "keys not read (past the first " (Figure::Exact(RUNNING_READ)) " executing gated rows)" }
+                                @else { "no key in use" }
+                            }
                         }
                     }
                     @for k in &g.keys {
@@ -100,10 +105,18 @@ pub(crate) async fn page(
                             td {
                                 @if full {
                                     span.error.full { "full" } " (" (k.running) "/" (g.size) " running: no row of the key is admitted until one finishes)"
+                                } @else if k.running_capped {
+                                    span.note { "at least " (k.running) " running" }
                                 } @else {
                                     span.note { (i64::from(g.size) - k.running) " free slot(s)" }
                                 }
                             }
+                        }
+                    }
+                    @if g.keys_cut && !g.keys.is_empty() {
+                        tr data-gate=(g.name) data-more="true" {
+                            td { (g.name) }
+                            td.note colspan="5" { "more keys may be running: the first " (Figure::Exact(RUNNING_READ)) " executing gated rows were read" }
                         }
                     }
                 }
@@ -122,7 +135,10 @@ pub(crate) async fn page(
                             td { (l.name) }
                             td.n { (rate(l.per_second)) }
                             td.n data-field="burst" { (number(l.burst)) }
-                            td.note colspan="3" { "no bucket: every key has its full burst" }
+                            td.note colspan="3" {
+                                @if l.cut { "buckets not read (past the first " (Figure::Exact(BUCKETS_READ)) " buckets)" }
+                                @else { "no bucket: every key has its full burst" }
+                            }
                         }
                     }
                     @for b in &l.buckets {
@@ -137,10 +153,10 @@ pub(crate) async fn page(
                             td { (bucket_words(tokens, l.per_second, l.burst)) }
                         }
                     }
-                    @if l.more {
+                    @if l.cut && !l.buckets.is_empty() {
                         tr data-limit=(l.name) data-more="true" {
                             td { (l.name) }
-                            td.note colspan="5" { "more buckets: the first " (Figure::Exact(BUCKETS_SHOWN)) " in key order are shown" }
+                            td.note colspan="5" { "more buckets may follow: the first " (Figure::Exact(BUCKETS_READ)) " buckets were read" }
                         }
                     }
                 }
@@ -149,7 +165,7 @@ pub(crate) async fn page(
                 "Tokens are refilled to now as an admission would see them: min(burst, tokens + elapsed × rate). "
                 "A key without a bucket has its full burst (the collector deletes buckets that are full again). "
                 "Below zero, rows waiting for the key reserved the tokens: each is runnable at the instant its tokens are due. "
-                "At most " (Figure::Exact(BUCKETS_SHOWN)) " buckets per limit are read, in key order (the primary key)."
+                "At most " (Figure::Exact(BUCKETS_READ)) " buckets are read, in (limit, key) order (the primary key)."
             }
         }
     };
@@ -166,6 +182,7 @@ fn group_gates(rows: &[CappedUsageRow]) -> Vec<GateLines<'_>> {
                 name: &r.name,
                 size: r.size,
                 keys: Vec::new(),
+                keys_cut: r.keys_cut,
             });
         }
         if r.key.is_some() {
@@ -175,9 +192,8 @@ fn group_gates(rows: &[CappedUsageRow]) -> Vec<GateLines<'_>> {
     out
 }
 
-/// The statement's rows (in limit then key order) by limit, at most [`BUCKETS_SHOWN`]
-/// buckets each.
-fn group_limits(rows: &[BucketUse]) -> Vec<LimitLines<'_>> {
+/// The statement's rows (in limit then key order) by limit.
+fn group_limits(rows: &[CappedBucketRow]) -> Vec<LimitLines<'_>> {
     let mut out: Vec<LimitLines<'_>> = Vec::new();
     for r in rows {
         if out.last().is_none_or(|l| l.name != r.name) {
@@ -186,16 +202,11 @@ fn group_limits(rows: &[BucketUse]) -> Vec<LimitLines<'_>> {
                 per_second: r.per_second,
                 burst: r.burst,
                 buckets: Vec::new(),
-                more: false,
+                cut: r.cut,
             });
         }
-        let l = out.last_mut().expect("pushed");
         if r.key.is_some() {
-            if l.buckets.len() < BUCKETS_SHOWN as usize {
-                l.buckets.push(r);
-            } else {
-                l.more = true;
-            }
+            out.last_mut().expect("pushed").buckets.push(r);
         }
     }
     out
@@ -266,7 +277,7 @@ fn number(x: f64) -> String {
 fn gates_how_counted(running_capped: bool, waiting_capped: bool) -> String {
     let running = format!(
         "running: executing rows (claimed, buffered or running: they hold the slots), \
-         counted through the gate index up to {} per gate",
+         counted through the gate index up to {} in all",
         Figure::Exact(RUNNING_READ)
     );
     let waiting = format!(
@@ -278,7 +289,7 @@ fn gates_how_counted(running_capped: bool, waiting_capped: bool) -> String {
     let mut s = format!("{running}; {waiting}.");
     if running_capped {
         s.push_str(
-            " A gate has more executing rows than were read: its last key read and the keys \
+            " More gated rows are executing than were read: the last key read and the keys \
              after it show \"N+\", and keys past them are not listed.",
         );
     }

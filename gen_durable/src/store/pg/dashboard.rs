@@ -359,7 +359,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
         (
             "limits: buckets (capped)",
             super::rate_limit::BUCKETS_CAPPED,
-            vec![Param::NullTime, Param::Int(1_001)],
+            vec![Param::NullTime, cap],
         ),
     ]
 }
