@@ -4,7 +4,8 @@
 //! operator token (the row unchanged) and done with it (the row cancelled). Each page is
 //! screenshot (a PNG must come back); with `GD_SCREENSHOTS=1` the PNGs are saved as
 //! docs/dashboard/<page>.png, which the README shows: overview, instances, instance (a
-//! parked one, as an operator sees it), instance-tree (a parent), fsms.
+//! parked one, as an operator sees it), instance-tree (a parent), fsms, limits (gates and
+//! buckets).
 //!
 //! Needs `chromedriver` and `chromium` (Debian: `apt-get install chromium chromium-driver`;
 //! `.ci/run` installs them and sets `GD_REQUIRE_BROWSER=1`). Without them the test says so
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dashboard_support::{fingerprint, seed, status_of, TOKEN};
+use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
 use fantoccini::{Client, ClientBuilder, Locator};
 use gen_durable::dashboard::{router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
@@ -308,6 +309,35 @@ async fn every_page_in_a_real_browser() {
         "{fsms}"
     );
     screenshot(&c, "fsms").await;
+
+    // Flow control, reached by its link: the gates and the buckets (seeded only now, so
+    // the pages above show the shared seed).
+    seed_flow_control(db.pool()).await;
+    click_to(&c, "header a[href='/limits']", "/limits").await;
+    let gates = text(&c, "#gates").await;
+    assert!(
+        gates.contains("stripe") && gates.contains("smtp"),
+        "{gates}"
+    );
+    let acme = "#gates tr[data-gate=stripe][data-key=acme][data-full=true]";
+    assert_eq!(text(&c, &format!("{acme} [data-field=running]")).await, "2");
+    assert_eq!(text(&c, &format!("{acme} [data-field=waiting]")).await, "1");
+    assert!(text(&c, acme).await.contains("full"));
+    let eu = "#rate-limits tr[data-limit=carrier][data-key=eu][data-reserved=true]";
+    assert_eq!(text(&c, &format!("{eu} [data-field=tokens]")).await, "-3");
+    assert!(text(&c, eu).await.contains("reserved by waiting rows"));
+    // Rendered, not only present: both tables laid out with rows.
+    for table in ["#gates", "#rate-limits"] {
+        let height = c
+            .execute(
+                "return document.querySelector(arguments[0]).getBoundingClientRect().height",
+                vec![json!(table)],
+            )
+            .await
+            .unwrap();
+        assert!(height.as_f64().unwrap_or(0.0) > 40.0, "{table}: {height}");
+    }
+    screenshot(&c, "limits").await;
 
     // Not signed in: no action form, and a POST from the page is refused.
     let before = fingerprint(db.pool()).await;

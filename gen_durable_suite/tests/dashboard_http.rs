@@ -7,7 +7,7 @@ mod dashboard_support;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
-use dashboard_support::{fingerprint, seed, status_of, TOKEN};
+use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
 use gen_durable::dashboard::{router, router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
 use tower::ServiceExt;
@@ -168,6 +168,156 @@ async fn pages_answer_with_their_content() {
     assert!(f.body.contains("data-fsm=\"Checkout\" data-version=\"1\""));
     assert!(f.body.contains("no live node runs these live rows"));
     assert!(f.body.contains("Rows are exact counts"), "{}", f.body);
+    db.close().await;
+}
+
+/// The `<tr …>` of `/limits` whose attributes start with `attrs`, up to its `</tr>`.
+fn table_row<'a>(body: &'a str, attrs: &str) -> &'a str {
+    let at = body
+        .find(&format!("<tr {attrs}"))
+        .unwrap_or_else(|| panic!("no row {attrs}: {body}"));
+    let row = &body[at..];
+    &row[..row.find("</tr>").unwrap()]
+}
+
+/// A cell of `row` by its `data-field`: (`data-figure` if any, its text without tags).
+fn field(row: &str, name: &str) -> (String, String) {
+    let at = row
+        .find(&format!("data-field=\"{name}\""))
+        .unwrap_or_else(|| panic!("no {name} in {row}"));
+    let td = &row[at..];
+    let td = &td[..td.find("</td>").unwrap()];
+    let kind = td
+        .split("data-figure=\"")
+        .nth(1)
+        .map(|k| k[..k.find('"').unwrap()].to_string())
+        .unwrap_or_default();
+    (kind, td[td.find('>').unwrap() + 1..].to_string())
+}
+
+/// `/limits` shows every gate with K and its keys in use (running, waiting, full), and
+/// every rate limit with its buckets (tokens now, reserved below zero); past the caps of
+/// rows read, counts say "N+" and the page says where keys or buckets may be missing.
+#[tokio::test]
+async fn the_flow_control_page_shows_gates_and_buckets() {
+    let db = TestDb::new().await;
+    seed(db.pool()).await;
+    seed_flow_control(db.pool()).await;
+    let app = router(db.pool().clone());
+
+    let home = get(&app, "/").await;
+    assert!(home.body.contains("<a href=\"/limits\">Flow control</a>"));
+    let p = get(&app, "/limits").await;
+    assert_eq!(p.status, StatusCode::OK);
+    assert!(p.body.contains("<title>Flow control"), "{}", p.body);
+    assert!(p.body.contains("id=\"gates\"") && p.body.contains("id=\"rate-limits\""));
+
+    // Key acme of gate stripe (K = 2): 2 running, full, 1 waiting.
+    let acme = table_row(&p.body, "data-gate=\"stripe\" data-key=\"acme\"");
+    assert!(acme.contains("data-full=\"true\""), "{acme}");
+    assert_eq!(field(acme, "limit").1, "2");
+    assert_eq!(field(acme, "running"), ("exact".into(), "2".into()));
+    assert_eq!(field(acme, "waiting"), ("exact".into(), "1".into()));
+    assert!(acme.contains(">full</span> (2/2 running"), "{acme}");
+    // Key beta: 1 of 2, not full, nothing waiting.
+    let beta = table_row(&p.body, "data-gate=\"stripe\" data-key=\"beta\"");
+    assert!(beta.contains("data-full=\"false\""), "{beta}");
+    assert_eq!(field(beta, "running").1, "1");
+    assert_eq!(field(beta, "waiting").1, "0");
+    assert!(beta.contains("1 free slot(s)"), "{beta}");
+    // The busiest key first; a declared gate with no key in use is listed.
+    assert!(p.body.find("data-key=\"acme\"") < p.body.find("data-key=\"beta\""));
+    let smtp = table_row(&p.body, "data-gate=\"smtp\"");
+    assert_eq!(field(smtp, "limit").1, "5");
+    assert!(smtp.contains("no key in use"), "{smtp}");
+    assert!(
+        p.body.contains("Every figure is an exact count"),
+        "{}",
+        p.body
+    );
+
+    // Bucket eu of carrier: 3 tokens below zero, reserved by waiting rows.
+    let eu = table_row(&p.body, "data-limit=\"carrier\" data-key=\"eu\"");
+    assert!(eu.contains("data-reserved=\"true\""), "{eu}");
+    assert_eq!(field(eu, "tokens").1, "-3");
+    assert_eq!(field(eu, "burst").1, "5");
+    assert!(eu.contains("3 token(s) reserved by waiting rows"), "{eu}");
+    let us = table_row(&p.body, "data-limit=\"carrier\" data-key=\"us\"");
+    assert!(us.contains("data-reserved=\"false\""), "{us}");
+    assert_eq!(field(us, "tokens").1, "2");
+    assert!(us.contains("2 of 5 free"), "{us}");
+    let sms = table_row(&p.body, "data-limit=\"sms\"");
+    assert!(sms.contains("no bucket"), "{sms}");
+    // Read-only: no form, whoever looks.
+    assert!(
+        !p.body.contains("<form method=\"post\" action=\"/"),
+        "{}",
+        p.body
+    );
+
+    // More runnable rows than the page reads, all before the gated one in pick order: the
+    // waiting counts become lower bounds, and say so.
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         SELECT 'Mail', 1, 'send', '{}', 'aaa' FROM generate_series(1, 1000)",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let p = get(&app, "/limits").await;
+    let acme = table_row(&p.body, "data-gate=\"stripe\" data-key=\"acme\"");
+    assert_eq!(field(acme, "running"), ("exact".into(), "2".into()));
+    assert_eq!(field(acme, "waiting"), ("at-least".into(), "0+".into()));
+    assert!(
+        p.body.contains("waiting figures are lower bounds"),
+        "{}",
+        p.body
+    );
+
+    // More executing gated rows and more buckets than the page reads (1,000 of each, in
+    // key order): the key where reading stopped is a lower bound, the keys after it are
+    // not listed and a row says so; the limit after the last bucket read is "not read".
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at, gate, partition_key, gate_slot)
+         SELECT 'Charge', 1, 'charge', '{}', 'payments', 'executing', 'node-a', 1,
+                now() + interval '30 seconds', 'stripe', 'k' || lpad(g::text, 4, '0'), 0
+           FROM generate_series(0, 999) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_buckets (name, key, tokens, at)
+         SELECT 'carrier', 'k' || lpad(g::text, 4, '0'), 1, now() FROM generate_series(0, 999) g",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let p = get(&app, "/limits").await;
+    let acme = table_row(&p.body, "data-gate=\"stripe\" data-key=\"acme\"");
+    assert_eq!(field(acme, "running"), ("exact".into(), "2".into()));
+    // acme (2), beta (1), k0000 … k0996: 1,000 rows read.
+    let last = table_row(&p.body, "data-gate=\"stripe\" data-key=\"k0996\"");
+    assert_eq!(field(last, "running"), ("at-least".into(), "1+".into()));
+    assert!(
+        !p.body.contains("data-gate=\"stripe\" data-key=\"k0997\""),
+        "{}",
+        p.body
+    );
+    assert!(
+        table_row(&p.body, "data-gate=\"stripe\" data-more=\"true\"")
+            .contains("more keys may be running")
+    );
+    assert!(table_row(&p.body, "data-gate=\"smtp\"").contains("no key in use"));
+    // eu, k0000 … k0998: 1,000 buckets read; us and the limit sms are past them.
+    assert!(p.body.contains("data-limit=\"carrier\" data-key=\"k0998\""));
+    assert!(!p.body.contains("data-limit=\"carrier\" data-key=\"us\""));
+    assert!(
+        table_row(&p.body, "data-limit=\"carrier\" data-more=\"true\"")
+            .contains("more buckets may follow")
+    );
+    assert!(table_row(&p.body, "data-limit=\"sms\"").contains("buckets not read"));
     db.close().await;
 }
 

@@ -1,5 +1,6 @@
 //! The dashboard at 1M rows: p50 load time of each page, and the plans of the statements
-//! behind them (docs/dashboard.md records both). Ignored: it seeds a million rows.
+//! behind them (docs/dashboard.md records both). Ignored: it seeds a million rows (and
+//! flow control: 12,000 gated rows, 1,000 buckets).
 //!
 //! ```sh
 //! cargo test -p gen_durable_suite --test dashboard_load -- --ignored --nocapture
@@ -46,6 +47,24 @@ SELECT (ARRAY['Checkout', 'Mail', 'Report'])[1 + g % 3], 1 + g % 2, 'step', json
                AS status) s
 "#;
 
+/// Flow control on top of [`SEED`]: gate `stripe` (K = 4) with 2,000 executing rows, 4 in
+/// each of 500 keys (every key full), and 10,000 runnable rows waiting in those keys; gate
+/// `smtp` with none; rate limit `stripe` with 1,000 buckets, every tenth below zero, and
+/// `carrier` with none.
+const SEED_FLOW_CONTROL: [&str; 5] = [
+    "INSERT INTO gd_gates (name, size) VALUES ('stripe', 4), ('smtp', 2)",
+    "INSERT INTO gd_rate_limits (name, per_second, burst) VALUES ('stripe', 10, 20), ('carrier', 1, 5)",
+    "UPDATE gd_instances
+        SET gate = 'stripe', partition_key = 'tenant:' || ((id / 100) / 5 % 500),
+            gate_slot = (id / 100) / 2500
+      WHERE status = 'executing' AND (id / 100) % 5 = 0",
+    "UPDATE gd_instances SET gate = 'stripe', partition_key = 'tenant:' || (id % 500)
+      WHERE status = 'runnable' AND id % 10 = 0",
+    "INSERT INTO gd_buckets (name, key, tokens, at)
+     SELECT 'stripe', 'tenant:' || g, CASE WHEN g % 10 = 0 THEN -5 ELSE 3 END, now()
+       FROM generate_series(1, 1000) g",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "seeds 1M rows; run it to measure (docs/dashboard.md)"]
 async fn p50_page_loads_at_1m_rows() {
@@ -53,6 +72,9 @@ async fn p50_page_loads_at_1m_rows() {
     let p = db.pool();
     let t = Instant::now();
     sqlx::query(SEED).bind(ROWS).execute(p).await.unwrap();
+    for sql in SEED_FLOW_CONTROL {
+        sqlx::query(sql).execute(p).await.unwrap();
+    }
     sqlx::query(
         "INSERT INTO gd_nodes (node_id, queues, fsms)
          VALUES ('node-a', '{q0,q1,q2,q3}', '{Checkout@2,Mail@2,Report@2}')",
@@ -64,10 +86,12 @@ async fn p50_page_loads_at_1m_rows() {
         .execute(p)
         .await
         .unwrap();
-    sqlx::query("VACUUM ANALYZE gd_instances")
-        .execute(p)
-        .await
-        .unwrap();
+    for table in ["gd_instances", "gd_buckets"] {
+        sqlx::query(&format!("VACUUM ANALYZE {table}"))
+            .execute(p)
+            .await
+            .unwrap();
+    }
     eprintln!("seeded {ROWS} rows in {:?}", t.elapsed());
 
     // A parent (awaiting children, 20 of them) near the middle.
@@ -87,6 +111,7 @@ async fn p50_page_loads_at_1m_rows() {
             format!("instances/{parent}"),
         ),
         ("/fsms", "fsms".into()),
+        ("/limits", "limits".into()),
     ];
     println!("| page | p50 | p95 |\n|---|---|---|");
     for (name, path) in &pages {

@@ -69,6 +69,7 @@ impl Page {
                         a href="/" { "Overview" }
                         a href="/instances" { "Instances" }
                         a href="/fsms" { "FSMs" }
+                        a href="/limits" { "Flow control" }
                         span.who {
                             @if let Some(csrf) = &self.operator {
                                 "operator · "

@@ -1,5 +1,6 @@
 //! A web dashboard over a gen_durable database (feature `dashboard`): the overview of
-//! every queue, the instance list and pages, and the FSM versions nodes run.
+//! every queue, the instance list and pages, the FSM versions nodes run, and the flow
+//! control (concurrency gates and rate limits).
 //!
 //! Server-rendered HTML (no script to build; the throughput chart is inline SVG), every
 //! page a handful of indexed statements (docs/dashboard.md has their plans at 1M rows).
@@ -38,6 +39,7 @@ mod fsms;
 mod instance;
 mod instances;
 mod layout;
+mod limits;
 mod metrics;
 mod operator;
 mod overview;
@@ -129,6 +131,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/instances", get(instances::page))
         .route("/instances/{id}", get(instance::page))
         .route("/fsms", get(fsms::page))
+        .route("/limits", get(limits::page))
         .route("/metrics", get(metrics::scrape))
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))

@@ -156,6 +156,49 @@ pub async fn seed(pool: &PgPool) -> Seeded {
     }
 }
 
+/// Seeds flow control (after [`seed`] or alone), in queue `payments`: gate `stripe` of
+/// K = 2 whose key `acme` is full (2 executing rows, slots 0 and 1) with one row waiting,
+/// and whose key `beta` runs 1 of 2; gate `smtp` (K = 5) with no key in use; rate limit
+/// `carrier` (one token an hour, burst 5) whose bucket `eu` is 3 tokens below zero
+/// (reserved by waiting rows) and whose bucket `us` has 2; rate limit `sms` with no
+/// bucket.
+pub async fn seed_flow_control(pool: &PgPool) {
+    let gd = gen_durable::Client::new(pool.clone());
+    gd.set_gate("stripe", gen_durable::Gate::new(2))
+        .await
+        .unwrap();
+    gd.set_gate("smtp", gen_durable::Gate::new(5))
+        .await
+        .unwrap();
+    let hourly = gen_durable::RateLimit::per(1, std::time::Duration::from_secs(3600)).burst(5);
+    gd.set_rate_limit("carrier", hourly).await.unwrap();
+    gd.set_rate_limit("sms", hourly).await.unwrap();
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at, gate, partition_key, gate_slot)
+         SELECT 'Charge', 1, 'charge', '{}', 'payments', 'executing', 'node-a', 1,
+                now() + interval '30 seconds', 'stripe', k, slot
+           FROM (VALUES ('acme', 0::int2), ('acme', 1::int2), ('beta', 0::int2)) v(k, slot)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+         VALUES ('Charge', 1, 'charge', '{}', 'payments', 'stripe', 'acme')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO gd_buckets (name, key, tokens, at)
+         VALUES ('carrier', 'eu', -3, now()), ('carrier', 'us', 2, now())",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Every instance and signal as text, in id order: equal fingerprints, nothing changed.
 pub async fn fingerprint(pool: &PgPool) -> String {
     sqlx::query_scalar(

@@ -251,7 +251,8 @@ pub(crate) async fn fsm_versions_sampled<'e>(
 /// Every statement a dashboard page runs, with the parameters of a typical first load,
 /// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/dashboard.md records
 /// at 1M rows (`plans`); the queue counts are `counts`' (shared with the metrics), the
-/// nodes, leases, schedules and inspection `status`'s and `inspect`'s. `sample` is the
+/// nodes, leases, schedules and inspection `status`'s and `inspect`'s, the flow control
+/// `gate.rs`' and `rate_limit.rs`'. `sample` is the
 /// percentage the pages sample the table with (`counts::sample_percent`).
 fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
     use super::{admin, counts};
@@ -348,6 +349,16 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
             "fsms: versions in a sample",
             SAMPLE_BY_FSM,
             vec![Param::Float4(sample)],
+        ),
+        (
+            "limits: gate keys in use (capped)",
+            super::gate::USAGE_CAPPED,
+            vec![cap, cap],
+        ),
+        (
+            "limits: buckets (capped)",
+            super::rate_limit::BUCKETS_CAPPED,
+            vec![Param::NullTime, cap],
         ),
     ]
 }
