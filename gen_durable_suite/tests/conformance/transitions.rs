@@ -108,7 +108,10 @@ pub async fn what_the_database_refuses_of_a_transition_stops_the_instance_with_t
         .await
         .assert_failed("unknown gate \"conf-nogate\"")
         .assert_step("spawn");
-    assert!(b.get(parent).await.children.is_empty(), "no child was written");
+    assert!(
+        b.get(parent).await.children.is_empty(),
+        "no child was written"
+    );
     b.get(unknown)
         .await
         .assert_failed("unknown rate limit \"conf-tr\"")
