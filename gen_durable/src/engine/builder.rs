@@ -351,6 +351,7 @@ impl EngineBuilder {
             claims: claims.clone(),
             committer,
             timeouts_wake,
+            flow: std::sync::atomic::AtomicBool::new(true),
         });
 
         let stop_picking = CancellationToken::new();

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -169,9 +170,10 @@ impl Picker {
                 let rows = pick.rows;
                 let count = rows.len();
                 self.buffer.extend(rows);
-                // A full claim: the queue may hold more, claim again at once.
+                // A full claim: the queue may hold more, claim again at once (and at
+                // once with the other variant when gates or rate limits came or went).
                 self.maybe_more = count == demand;
-                self.pick_now |= self.maybe_more;
+                self.pick_now |= self.maybe_more || pick.switch;
                 self.poll = if count == 0 {
                     (self.poll * 2).min(cfg.max_poll_interval)
                 } else {
@@ -299,6 +301,9 @@ impl Queue {
     /// One claim of up to `demand` rows; the rows join this node's claims table.
     async fn claim(&self, demand: usize) -> Result<claim::Pick> {
         let pick = self.claim_rows(demand).await?;
+        if let Some(flow) = pick.flow {
+            self.shared.flow.store(flow, Ordering::Relaxed);
+        }
         let rows = &pick.rows;
         let count = rows.len();
         // Rows are claimed (leases recorded in the database) but not yet known here.
@@ -344,6 +349,7 @@ impl Queue {
                 node: &shared.node_id,
                 lease_ttl_ms: crate::store::pg::millis(shared.lease_ttl),
                 now: shared.db.now(),
+                flow: shared.flow.load(Ordering::Relaxed),
             };
             let params = &params;
             match on_conn!(shared.db, |c| claim::claim(c, params)) {

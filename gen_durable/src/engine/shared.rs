@@ -199,4 +199,7 @@ pub(crate) struct Shared {
     pub(crate) committer: CommitterHandle,
     /// Wakes the await-timeout sweep when a step parks with a timeout.
     pub(crate) timeouts_wake: Arc<Notify>,
+    /// A gate or a rate limit is declared, as the last pick found (at first assumed):
+    /// picks use the full claim, else the plain one (`claim::CLAIM_PLAIN`).
+    pub(crate) flow: std::sync::atomic::AtomicBool,
 }

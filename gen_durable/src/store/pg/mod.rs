@@ -65,6 +65,11 @@ pub(crate) fn millis(d: std::time::Duration) -> i64 {
 pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
     vec![
         ("claim", "text, text[], int4[], int8, text, int8, timestamptz", claim::CLAIM),
+        (
+            "claim_plain",
+            "text, text[], int4[], int8, text, int8, timestamptz",
+            claim::CLAIM_PLAIN,
+        ),
         ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
         ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
