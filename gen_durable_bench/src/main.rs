@@ -14,6 +14,8 @@
 //! each instance `done` exactly once with the expected state, or the harness exits non-zero.
 
 mod fsms;
+mod hook;
+mod rss;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -92,6 +94,13 @@ pub(crate) struct Args {
     /// nowhere (`off`: polling only).
     #[arg(long, value_enum)]
     listener: Option<Listen>,
+    /// A shell command run when a drain's backlog is in place, just before its engine
+    /// starts (`GD_BENCH_PID`, `GD_BENCH_N` in its environment); see `profile/profile.sh`.
+    #[arg(long)]
+    pub(crate) before_drain: Option<String>,
+    /// A shell command run when a drain's last instance is done, before its engine stops.
+    #[arg(long)]
+    pub(crate) after_drain: Option<String>,
 }
 
 /// See `Args::listener`.

@@ -9,7 +9,8 @@ use serde_json::Map;
 use super::tracker::{start_engine, Tracker};
 use super::{insert_chunks_with, scalar_i64, statements, EngineCfg, R};
 use crate::fsms::{reset_probe, Five, Noop, PROBE};
-use crate::{Bench, Report};
+use crate::rss::RssSampler;
+use crate::{hook, Bench, Report};
 use gen_durable::{Gate, InsertOptions, LimitKey, RateLimit};
 use gen_durable_testkit::statements::{by_kind, KindCount};
 
@@ -42,12 +43,20 @@ pub(super) async fn drain_with(b: &Bench, cfg: &EngineCfg, flow: Flow) -> R<Repo
 
 async fn drain_backlog(b: &Bench, cfg: &EngineCfg, backlog: Backlog) -> R<Report> {
     backlog.insert(b).await?;
+    hook::run(b.args.before_drain.as_deref(), "before-drain", backlog.n)?;
     reset_probe(true);
+    // From here on the process holds the engine, not the inserted backlog.
+    let rss = RssSampler::start();
     let pool = b.logged_pool(cfg.pool).await?;
     let tracker = Tracker::new(backlog.n as u64);
     b.log.take();
     let engine = start_engine(&pool, cfg, &tracker).await?;
     let waited = tracker.wait_done(backlog.limit(b)).await;
+    let mut memory = Map::new();
+    rss.finish(&mut memory).await;
+    if waited.is_ok() {
+        hook::run(b.args.after_drain.as_deref(), "after-drain", backlog.n)?;
+    }
     let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
@@ -60,7 +69,11 @@ async fn drain_backlog(b: &Bench, cfg: &EngineCfg, backlog: Backlog) -> R<Report
     let first = first.ok_or("no step ran")?;
     let last = tracker.last.lock().expect("last").ok_or("no commit")?;
     let secs = (last - first).as_secs_f64();
-    backlog.report(b, cfg, &tracker, &counts, secs, runs).await
+    let mut r = backlog
+        .report(b, cfg, &tracker, &counts, secs, runs)
+        .await?;
+    r.extra.extend(memory);
+    Ok(r)
 }
 
 /// The backlog of a drain: `n` rows of `Noop` (`drain`) or `Five` (`five_step`).

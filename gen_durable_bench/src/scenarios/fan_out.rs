@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use super::tracker::{start_engine, Tracker};
 use super::{scalar_i64, statements, EngineCfg, R};
 use crate::fsms::{reset_probe, FanParent};
+use crate::rss::RssSampler;
 use crate::{Bench, Report};
 use gen_durable_testkit::statements::by_kind;
 
@@ -21,6 +22,7 @@ pub(super) async fn fan_out(b: &Bench) -> R<Report> {
     // Children and the parent: n + 1 instances end done.
     let tracker = Tracker::new(children as u64 + 1);
     let cfg = EngineCfg::from_args(b);
+    let rss = RssSampler::start();
     let engine = start_engine(&pool, &cfg, &tracker).await?;
     let client = Client::new(b.quiet.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -35,6 +37,8 @@ pub(super) async fn fan_out(b: &Bench) -> R<Report> {
     let waited = tracker
         .wait_done(Duration::from_secs(if b.smoke() { 30 } else { 300 }))
         .await;
+    let mut memory = Map::new();
+    rss.finish(&mut memory).await;
     let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
@@ -76,6 +80,7 @@ pub(super) async fn fan_out(b: &Bench) -> R<Report> {
     extra.insert("unit".into(), json!("children/s, insert -> parent done"));
     let spr = statements(&counts, children as u64 + 2, &mut extra);
     tracker.commit_stats(&mut extra);
+    extra.extend(memory);
     Ok(Report {
         n: children as u64,
         secs,

@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::ConnectOptions;
 use tokio::sync::{mpsc, oneshot};
@@ -42,6 +42,7 @@ use super::drain::{Backlog, Flow};
 use super::tracker::{start_engine, Tracker};
 use super::{scalar_i64, EngineCfg, R};
 use crate::fsms::{reset_probe, PROBE};
+use crate::rss::RssSampler;
 use crate::{median_report, Args, Bench, Report};
 use gen_durable_testkit::statements::{by_kind, KindCount, StatementLog, MARKED_KINDS};
 
@@ -196,6 +197,11 @@ async fn drain_in(b: &Bench, cfg: &EngineCfg, backlog: Backlog, procs: usize) ->
         .report(b, cfg, &tracker, &counts, secs, runs)
         .await?;
     r.extra.insert("processes".into(), json!(procs));
+    // Each worker's own figures, in worker order: the engines' memory, not the parent's.
+    for field in ["rss_start_mb", "rss_peak_mb", "rss_end_mb"] {
+        let per: Vec<&Value> = tallies.iter().map(|t| &t.rss[field]).collect();
+        r.extra.insert(format!("worker_{field}"), json!(per));
+    }
     r.extra.insert(
         "steps_per_process".into(),
         json!(tallies.iter().map(|t| t.steps).collect::<Vec<_>>()),
@@ -226,6 +232,10 @@ struct Tally {
     done_ids: Vec<(i64, u32)>,
     /// `(kind, statements, rows returned, rows affected)`.
     statements: Vec<(String, u64, u64, u64)>,
+    /// Its resident memory from engine start to the end of the drain (`rss_start_mb`,
+    /// `rss_peak_mb`, `rss_end_mb`).
+    #[serde(default)]
+    rss: Map<String, Value>,
 }
 
 impl Tally {
@@ -265,6 +275,7 @@ impl Tally {
                     )
                 })
                 .collect(),
+            rss: Map::new(),
         }
     }
 
@@ -511,6 +522,7 @@ pub(crate) async fn worker(args: Args, index: usize) -> R<()> {
     let pool = b.logged_pool(cfg.pool).await?;
     let tracker = Tracker::new(u64::MAX);
     b.log.take();
+    let rss = RssSampler::start();
     let engine = start_engine(&pool, &cfg, &tracker).await?;
     println!("ready");
 
@@ -534,13 +546,16 @@ pub(crate) async fn worker(args: Args, index: usize) -> R<()> {
     let _ = stop.await;
     progress.abort();
     let _ = progress.await;
+    let mut memory = Map::new();
+    rss.finish(&mut memory).await;
 
     let counts = by_kind(&b.log.take());
     engine.shutdown(Duration::from_secs(10)).await;
     pool.close().await;
-    println!(
-        "tally {}",
-        serde_json::to_string(&Tally::of(&tracker, &counts))?
-    );
+    let tally = Tally {
+        rss: memory,
+        ..Tally::of(&tracker, &counts)
+    };
+    println!("tally {}", serde_json::to_string(&tally)?);
     Ok(())
 }
