@@ -4,6 +4,7 @@
 //! result and fails loudly (an `Err`) if any instance is not `done` exactly once with
 //! the expected state.
 
+mod done_ids;
 mod drain;
 mod drain_sweep;
 mod explain;

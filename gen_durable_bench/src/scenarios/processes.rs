@@ -257,13 +257,7 @@ impl Tally {
             commit_ms: take(&tracker.commit_ms),
             saturation: *tracker.saturation.lock().expect("saturation"),
             latencies_ms: take(&tracker.latencies_ms),
-            done_ids: tracker
-                .done_ids
-                .lock()
-                .expect("ids")
-                .iter()
-                .map(|(id, k)| (*id, *k))
-                .collect(),
+            done_ids: tracker.done_ids.lock().expect("ids").iter().collect(),
             statements: counts
                 .iter()
                 .map(|(k, c)| {
@@ -288,7 +282,7 @@ impl Tally {
         add(&tracker.committed, self.committed);
         let mut ids = tracker.done_ids.lock().expect("ids");
         for (id, k) in &self.done_ids {
-            *ids.entry(*id).or_default() += k;
+            ids.add(*id, *k);
         }
         tracker
             .commit_ms
