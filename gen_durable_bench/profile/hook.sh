@@ -32,7 +32,7 @@ before)
   # Let the insert's backends flush their counters before they are reset, so they count
   # nothing of the insert: an idle backend may hold them for up to 10 s (PG 15).
   # PRE_SQL: an experiment on the backlog in place (e.g. a fillfactor and VACUUM FULL).
-  if [ -n "${PRE_SQL:-}" ]; then psql_db -c "$PRE_SQL" >/dev/null; fi
+  if [ -n "${PRE_SQL:-}" ]; then printf "%s\n" "$PRE_SQL" | psql_db >/dev/null; fi
   sleep 11
   psql -X -q -At -v ON_ERROR_STOP=1 -d postgres -c "SELECT pg_stat_statements_reset()" >/dev/null
   psql_db -c "SELECT pg_stat_reset()" \

@@ -109,9 +109,25 @@ if [ "$PERF" = 1 ] && [ -f "$OUT/perf.data" ]; then
     perf report -i "$OUT/perf.data" --stdio --no-children --percentage relative --pid "$1" --sort dso,sym 2>/dev/null |
       grep -v '^#' | grep -v '^$' | head -"${PERF_TOP:-25}" || true
   }
+  # Self time by part, from symbol names (normalised to 100: perf's relative percentages
+  # under --pid need not add up to it). $2 names what matches nothing else.
+  shares() {
+    perf report -i "$OUT/perf.data" --stdio --no-children --percentage relative --pid "$1" --sort sym 2>/dev/null |
+      awk -v rest="$2" '$1 ~ /%$/ { p = $1 + 0; $1 = ""; s = $0
+             k = s ~ /\[k\]/ ? "kernel" : s ~ /malloc|free|_int_|unlink_chunk|realloc|memmove|memcpy|memset|calloc/ ? "malloc/free/memcpy" :
+                 s ~ /gen_durable::|gen_durable_bench::/ ? "gen_durable" : s ~ /tokio|mio::|parking_lot/ ? "tokio" :
+                 s ~ /sqlx/ ? "sqlx" : s ~ /serde|json/ ? "serde/json" : s ~ /hashbrown|btree|alloc::|core::/ ? "std collections/alloc" : rest
+             t[k] += p; all += p } END { for (k in t) printf "%6.1f%%  %s\n", 100 * t[k] / all, k }' | sort -nr
+  }
+  echo
+  echo "## perf: the bench process's CPU by part (self time, % of its samples)"
+  shares "$(cat "$OUT/bench_pid")" other
   echo
   echo "## perf: the bench process's top functions (self time, % of its samples)"
   top "$(cat "$OUT/bench_pid")"
+  echo
+  echo "## perf: the server's processes' CPU by part (self time, % of their samples)"
+  shares "$(cat "$OUT/pg_pids")" postgres
   echo
   echo "## perf: the server's processes' top functions (self time, % of their samples)"
   top "$(cat "$OUT/pg_pids")"
