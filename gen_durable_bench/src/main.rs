@@ -221,12 +221,27 @@ impl Report {
         statements_per_step: f64,
         extra: Map<String, Value>,
     ) -> Self {
+        let (p50, p99) = (
+            scenarios::percentile(lat_ms, 0.5),
+            scenarios::percentile(lat_ms, 0.99),
+        );
+        Report::with_percentiles(n, secs, (p50, p99), statements_per_step, extra)
+    }
+
+    /// `n` things in `secs`, whose latency percentiles are `(p50, p99)`.
+    pub(crate) fn with_percentiles(
+        n: u64,
+        secs: f64,
+        (p50_ms, p99_ms): (Option<f64>, Option<f64>),
+        statements_per_step: f64,
+        extra: Map<String, Value>,
+    ) -> Self {
         Report {
             n,
             secs,
             per_s: n as f64 / secs,
-            p50_ms: scenarios::percentile(lat_ms, 0.5),
-            p99_ms: scenarios::percentile(lat_ms, 0.99),
+            p50_ms,
+            p99_ms,
             statements_per_step: Some(statements_per_step),
             extra,
         }

@@ -177,8 +177,9 @@ impl Backlog {
         );
         let spr = statements(counts, steps, &mut extra);
         tracker.commit_stats(&mut extra);
-        let mut lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
+        let lat = std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat"));
         extra.insert("latency".into(), json!("step start -> outcome committed"));
-        Ok(Report::measured(steps, secs, &mut lat, spr, extra))
+        let p = (lat.percentile(0.5), lat.percentile(0.99));
+        Ok(Report::with_percentiles(steps, secs, p, spr, extra))
     }
 }

@@ -11,6 +11,7 @@ mod explain;
 mod fan_out;
 mod insert;
 mod insert_all;
+mod latencies;
 mod pick_1m;
 pub(crate) mod processes;
 mod signal_latency;

@@ -39,6 +39,7 @@ use sqlx::ConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
 use super::drain::{Backlog, Flow};
+use super::latencies::Latencies;
 use super::tracker::{start_engine, Tracker};
 use super::{scalar_i64, EngineCfg, R};
 use crate::fsms::{reset_probe, PROBE};
@@ -227,7 +228,7 @@ struct Tally {
     committed: u64,
     commit_ms: Vec<f64>,
     saturation: (u64, u64, u64),
-    latencies_ms: Vec<f64>,
+    latencies_ms: Latencies,
     /// `(id, times done)` of every instance it finished.
     done_ids: Vec<(i64, u32)>,
     /// `(kind, statements, rows returned, rows affected)`.
@@ -256,7 +257,7 @@ impl Tally {
             committed: tracker.committed.load(Ordering::Relaxed),
             commit_ms: take(&tracker.commit_ms),
             saturation: *tracker.saturation.lock().expect("saturation"),
-            latencies_ms: take(&tracker.latencies_ms),
+            latencies_ms: std::mem::take(&mut *tracker.latencies_ms.lock().expect("lat")),
             done_ids: tracker.done_ids.lock().expect("ids").iter().collect(),
             statements: counts
                 .iter()
@@ -293,7 +294,7 @@ impl Tally {
             .latencies_ms
             .lock()
             .expect("lat")
-            .extend(&self.latencies_ms);
+            .merge(&self.latencies_ms);
         let mut s = tracker.saturation.lock().expect("saturation");
         s.0 += self.saturation.0;
         s.1 += self.saturation.1;

@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 use super::done_ids::DoneIds;
+use super::latencies::Latencies;
 use super::{percentile, EngineCfg, R};
 use crate::fsms::PROBE;
 
@@ -27,7 +28,7 @@ pub(super) struct Tracker {
     /// Sums of the queue's in-flight steps and buffered rows over its saturation events.
     pub(super) saturation: Mutex<(u64, u64, u64)>,
     pub(super) last: Mutex<Option<Instant>>,
-    pub(super) latencies_ms: Mutex<Vec<f64>>,
+    pub(super) latencies_ms: Mutex<Latencies>,
     pub(super) done_ids: Mutex<DoneIds>,
     pub(super) first_schedule: Mutex<Option<Instant>>,
     notify: Notify,
@@ -37,12 +38,6 @@ impl Tracker {
     pub(super) fn new(target_done: u64) -> Arc<Self> {
         let t = Tracker::default();
         t.target_done.store(target_done, Ordering::Relaxed);
-        // Reserved up front, so the samples grow by 8 bytes each, not by doubling copies.
-        if let Ok(n) = usize::try_from(target_done) {
-            if n < 10_000_000 {
-                t.latencies_ms.lock().expect("lat").reserve(n);
-            }
-        }
         Arc::new(t)
     }
 
@@ -61,7 +56,7 @@ impl Tracker {
                     self.latencies_ms
                         .lock()
                         .expect("lat")
-                        .push((now - s).as_secs_f64() * 1e3);
+                        .record((now - s).as_secs_f64() * 1e3);
                 }
                 if *kind == OutcomeKind::ScheduleChildren {
                     self.first_schedule
