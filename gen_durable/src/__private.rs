@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
 /// probes name them (see `gd_audit_prep` and `scripts/audit.sh`).
-pub fn prepared_statements() -> Vec<(&'static str, &'static str, &'static str)> {
+pub fn prepared_statements() -> Vec<(&'static str, &'static str, std::borrow::Cow<'static, str>)> {
     crate::store::pg::prepared()
 }
 

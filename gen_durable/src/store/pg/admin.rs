@@ -52,7 +52,8 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
                               WHERE attrelid = to_regclass('gd_instances')
                                 AND attname = 'finished_at' AND NOT attisdropped)
-                THEN 'gd_instances.finished_at' END AS missing,
+                THEN 'gd_instances.finished_at'
+            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'gd_claim_plain' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

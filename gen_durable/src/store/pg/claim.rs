@@ -11,6 +11,14 @@ use crate::error::Result;
 /// Claims up to `$4` runnable rows of queue `$1` in one statement, and returns each with
 /// its inbox and children, so a pick is one round trip whatever its size.
 ///
+/// The statement is the body of the function `gd_claim` (migration 0015; [`body`] returns
+/// it), so that PostgreSQL plans it once per connection and not on every call: sent as a
+/// prepared statement it was planned anew each time (its generic plan looks costly with an
+/// unknown `LIMIT`), 2.4–2.7 ms of a claim. The function's `SET plan_cache_mode =
+/// force_generic_plan` reuses the plan; its `SET enable_seqscan = off` keeps that plan on
+/// the indexes even when it was made while the table was empty (a plan made then and kept
+/// read the whole table on every claim once it had filled, until the next `ANALYZE`).
+///
 /// - `picked` is MATERIALIZED: the fence that makes `LIMIT` bound the rows locked. It
 ///   reads the pick index `(queue, priority, eligible_at, id) WHERE status = 'runnable'`
 ///   in order with `queue = $1` equality and stops after `$4` entries, so a pick is
@@ -58,144 +66,12 @@ use crate::error::Result;
 ///   The `NOT EXISTS` does not reference `i`, so it is planned once per statement as an
 ///   InitPlan (one primary-key probe) and a one-time filter above the pick's index scan:
 ///   the scan is not even started for a paused queue, and is unchanged for any other.
-pub(super) const CLAIM: &str = r#"/* gd:claim */
-WITH picked AS MATERIALIZED (
-    SELECT i.id, i.fsm, i.partition_key, i.gate, i.priority, i.eligible_at,
-           i.rate_limit, i.rate_key, i.rate_weight,
-           i.rate_limit IS NOT NULL AND i.rate_step = i.step AND NOT i.rate_paid AS rate_due
-      FROM gd_instances i
-     WHERE i.queue = $1
-       AND i.status = 'runnable'
-       AND i.eligible_at <= coalesce($7, now())
-       AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
-       AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
-       AND NOT EXISTS (SELECT 1 FROM gd_instances e
-                        WHERE e.partition_key = i.partition_key AND e.status = 'executing'
-                          AND e.gate IS NULL AND i.gate IS NULL)
-       AND coalesce(i.gate || chr(31) || i.partition_key <> ALL (ARRAY(
-               SELECT e.gate || chr(31) || e.partition_key
-                 FROM gd_instances e
-                 JOIN gd_gates g ON g.name = e.gate
-                WHERE e.status = 'executing' AND e.gate IS NOT NULL
-                GROUP BY e.gate, e.partition_key, g.size
-               HAVING count(*) >= g.size)), true)
-     ORDER BY i.priority, i.eligible_at, i.id
-     LIMIT $4
-       FOR NO KEY UPDATE SKIP LOCKED
-), ranked AS (
-    SELECT id, partition_key, gate,
-           row_number() OVER (PARTITION BY gate, partition_key
-                              ORDER BY priority, eligible_at, id) AS rn
-      FROM picked
-), free AS (
-    SELECT k.gate, k.partition_key, g.size - u.n AS room,
-           ARRAY(SELECT f.slot
-                   FROM (SELECT s.slot::int2 AS slot FROM generate_series(0, g.size - 1) s(slot)
-                         EXCEPT ALL
-                         SELECT e.gate_slot FROM gd_instances e
-                          WHERE e.status = 'executing' AND e.gate = k.gate
-                            AND e.partition_key = k.partition_key) f
-                  ORDER BY (f.slot + abs(hashtext($5)::int8)) % g.size) AS slots
-      FROM (SELECT DISTINCT gate, partition_key FROM picked WHERE gate IS NOT NULL) k
-      JOIN gd_gates g ON g.name = k.gate
-     CROSS JOIN LATERAL (SELECT count(*) AS n FROM gd_instances e
-                          WHERE e.status = 'executing' AND e.gate = k.gate
-                            AND e.partition_key = k.partition_key) u
-), chosen AS (
-    SELECT r.id, f.slots[r.rn] AS slot
-      FROM ranked r
-      LEFT JOIN free f ON f.gate = r.gate AND f.partition_key = r.partition_key
-     WHERE CASE WHEN r.gate IS NULL THEN r.partition_key IS NULL OR r.rn = 1
-                ELSE r.rn <= least(f.room, cardinality(f.slots)) END
-), wants AS (
-    SELECT p.id, p.rate_limit, p.rate_key,
-           sum(p.rate_weight) OVER (PARTITION BY p.rate_limit, p.rate_key
-                                    ORDER BY p.priority, p.eligible_at, p.id) AS upto
-      FROM chosen c JOIN picked p ON p.id = c.id
-     WHERE p.rate_due
-), stored AS MATERIALIZED (
-    SELECT b.name, b.key, b.tokens, b.at
-      FROM gd_buckets b
-     WHERE (b.name, b.key) IN (SELECT rate_limit, rate_key FROM wants)
-     ORDER BY b.name, b.key
-       FOR NO KEY UPDATE
-), buckets AS MATERIALIZED (
-    SELECT k.name, k.key, k.total, k.wanted, l.per_second, s.name IS NOT NULL AS stored,
-           CASE WHEN s.name IS NULL THEN l.burst
-                ELSE least(l.burst, s.tokens + extract(epoch FROM coalesce($7, now()) - s.at)
-                                               * l.per_second) END AS avail
-      FROM (SELECT rate_limit AS name, rate_key AS key, max(upto) AS total, count(*) AS wanted
-              FROM wants GROUP BY 1, 2) k
-      JOIN gd_rate_limits l ON l.name = k.name
-      LEFT JOIN stored s ON s.name = k.name AND s.key = k.key
-), owed AS (
-    SELECT w.id, w.rate_limit, w.rate_key,
-           coalesce($7, now()) + (w.upto - b.avail) / b.per_second * interval '1 second' AS due
-      FROM wants w JOIN buckets b ON b.name = w.rate_limit AND b.key = w.rate_key
-     WHERE w.upto > b.avail
-), debited AS (
-    UPDATE gd_buckets g SET tokens = b.avail - b.total, at = coalesce($7, now())
-      FROM buckets b
-     WHERE b.stored AND g.name = b.name AND g.key = b.key
-    RETURNING g.name
-), minted AS (
-    INSERT INTO gd_buckets (name, key, tokens, at)
-    SELECT b.name, b.key, b.avail - b.total, coalesce($7, now()) FROM buckets b WHERE NOT b.stored
-    RETURNING name
-), deferred AS (
-    UPDATE gd_instances i
-       SET eligible_at = o.due, rate_paid = true, updated_at = coalesce($7, now())
-      FROM owed o
-     WHERE i.id = o.id
-    RETURNING i.id
-), claimed AS (
-    UPDATE gd_instances i
-       SET status = 'executing', locked_by = $5, lease_epoch = i.lease_epoch + 1,
-           lease_expires_at = coalesce($7, now()) + $6 * interval '1 millisecond',
-           updated_at = coalesce($7, now()), gate_slot = c.slot, rate_paid = false
-      FROM chosen c
-     WHERE i.id = c.id AND NOT EXISTS (SELECT 1 FROM owed o WHERE o.id = c.id)
-    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
-              i.partition_key, i.gate
-), pick AS (
-    SELECT coalesce($7, now()) AS now,
-           EXISTS (SELECT 1 FROM gd_gates) OR EXISTS (SELECT 1 FROM gd_rate_limits) AS flow,
-           least((SELECT min(due) FROM owed),
-                 (SELECT min(r.eligible_at) FROM gd_instances r
-                   WHERE r.queue = $1 AND r.status = 'runnable' AND r.rate_paid
-                     AND r.eligible_at > coalesce($7, now()))) AS next_due,
-           (SELECT coalesce(json_agg(json_build_object(
-                       'limit', b.name, 'key', b.key, 'wanted', b.wanted,
-                       'deferred', (SELECT count(*) FROM owed o
-                                     WHERE o.rate_limit = b.name AND o.rate_key = b.key))), '[]')
-              FROM buckets b) AS throttled,
-           (SELECT coalesce(json_agg(json_build_object(
-                       'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key, 'gate', p.gate)
-                       ORDER BY p.id), '[]')
-              FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id))
-               AS contended
-)
-SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
-       c.partition_key, c.gate,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', s.id, 'name', s.name, 'payload', s.payload,
-                   'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
-          FROM gd_signals s WHERE s.target_id = c.id) AS inbox,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
-                   'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
-          FROM gd_instances ch WHERE ch.parent_id = c.id) AS children,
-       k.contended, k.throttled, k.next_due, k.now, k.flow
-  FROM pick k
-  LEFT JOIN claimed c ON true
- WHERE c.id IS NOT NULL OR k.next_due IS NOT NULL OR NOT k.flow
- ORDER BY c.id
-"#;
+pub(super) const CLAIM: &str = "/* gd:claim */ SELECT * FROM gd_claim($1, $2, $3, $4, $5, $6, $7)";
 
-/// [`CLAIM`] without gates and rate limits, for as long as none is declared: their CTEs
-/// made planning the claim 5× as long (2.4–2.7 ms against 0.4–0.5 ms per call here, and
-/// PostgreSQL plans this statement on every call), which is a quarter of a claim and
-/// ~10 µs of server CPU per step (PERFORMANCE.md, "Where the time goes").
+/// [`CLAIM`] without gates and rate limits, for as long as none is declared: the function
+/// `gd_claim_plain`, which skips their CTEs (planned, they made a claim 5× as long to plan,
+/// 2.4–2.7 ms against 0.4–0.5 ms, before the claim's plan was reused; run, they still
+/// cost each claim their probes and sorts).
 ///
 /// With no gate declared no row can name one (the foreign keys), and likewise for rate
 /// limits; the filter on both is belt and braces. Each variant says in `flow` whether
@@ -203,63 +79,24 @@ SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease
 /// summary row when the engine should switch (this one when one is, `CLAIM` when none is),
 /// so a gate declared by another process is used from the next pick on. Otherwise the
 /// statement is `CLAIM`'s, whose comments explain it.
-pub(super) const CLAIM_PLAIN: &str = r#"/* gd:claim */
-WITH picked AS MATERIALIZED (
-    SELECT i.id, i.fsm, i.partition_key, i.priority, i.eligible_at
-      FROM gd_instances i
-     WHERE i.queue = $1
-       AND i.status = 'runnable'
-       AND i.eligible_at <= coalesce($7, now())
-       AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
-       AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
-       AND NOT EXISTS (SELECT 1 FROM gd_instances e
-                        WHERE e.partition_key = i.partition_key AND e.status = 'executing'
-                          AND e.gate IS NULL)
-       AND i.gate IS NULL AND i.rate_limit IS NULL
-     ORDER BY i.priority, i.eligible_at, i.id
-     LIMIT $4
-       FOR NO KEY UPDATE SKIP LOCKED
-), chosen AS (
-    SELECT r.id
-      FROM (SELECT id, partition_key,
-                   row_number() OVER (PARTITION BY partition_key
-                                      ORDER BY priority, eligible_at, id) AS rn
-              FROM picked) r
-     WHERE r.partition_key IS NULL OR r.rn = 1
-), claimed AS (
-    UPDATE gd_instances i
-       SET status = 'executing', locked_by = $5, lease_epoch = i.lease_epoch + 1,
-           lease_expires_at = coalesce($7, now()) + $6 * interval '1 millisecond',
-           updated_at = coalesce($7, now())
-      FROM chosen c
-     WHERE i.id = c.id
-    RETURNING i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, i.lease_epoch,
-              i.partition_key, i.gate
-), pick AS (
-    SELECT coalesce($7, now()) AS now,
-           EXISTS (SELECT 1 FROM gd_gates) OR EXISTS (SELECT 1 FROM gd_rate_limits) AS flow,
-           (SELECT coalesce(json_agg(json_build_object(
-                       'id', p.id, 'fsm', p.fsm, 'partition_key', p.partition_key)
-                       ORDER BY p.id), '[]')
-              FROM picked p WHERE NOT EXISTS (SELECT 1 FROM chosen c WHERE c.id = p.id))
-               AS contended
-)
-SELECT c.id, c.fsm, c.fsm_version, c.step, c.state, c.attempt, c.awaits, c.lease_epoch,
-       c.partition_key, c.gate,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', s.id, 'name', s.name, 'payload', s.payload,
-                   'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id), '[]')
-          FROM gd_signals s WHERE s.target_id = c.id) AS inbox,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
-                   'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id), '[]')
-          FROM gd_instances ch WHERE ch.parent_id = c.id) AS children,
-       k.contended, '[]'::json AS throttled, NULL::timestamptz AS next_due, k.now, k.flow
-  FROM pick k
-  LEFT JOIN claimed c ON true
- WHERE c.id IS NOT NULL OR k.flow
- ORDER BY c.id
-"#;
+pub(super) const CLAIM_PLAIN: &str =
+    "/* gd:claim */ SELECT * FROM gd_claim_plain($1, $2, $3, $4, $5, $6, $7)";
+
+/// Migration 0015, which defines the claim's functions.
+const FUNCTIONS: &str = include_str!("../../../../migrations/0015_claim_functions.sql");
+
+/// The statement inside claim function `function` (`gd_claim` or `gd_claim_plain`), as
+/// PostgreSQL prepares it, with its marker: for the plan tests and the SQL audit's probes.
+pub(crate) fn body(function: &str) -> String {
+    let head = format!("CREATE FUNCTION {function}(");
+    let from = FUNCTIONS
+        .find(&head)
+        .unwrap_or_else(|| panic!("no function {function} in migration 0015"));
+    let text = &FUNCTIONS[from..];
+    let start = text.find("RETURN QUERY\n").expect("its RETURN QUERY") + "RETURN QUERY\n".len();
+    let end = start + text[start..].find(";\nEND").expect("its END");
+    format!("/* gd:claim */\n{}", &text[start..end])
+}
 
 /// One claimed row with its inbox and children.
 #[derive(Debug, sqlx::FromRow)]
@@ -394,9 +231,8 @@ mod tests {
             .execute(&mut *conn)
             .await
             .unwrap();
-        for statement in [CLAIM, CLAIM_PLAIN] {
-            let explain = explain_of(statement, 16);
-            let running = plan(&mut conn, &explain).await;
+        for function in ["gd_claim", "gd_claim_plain"] {
+            let running = plan_of(&mut conn, function, 16).await;
             assert!(running.contains("One-Time Filter: (NOT"), "{running}");
             assert!(
                 running.contains(
@@ -410,7 +246,7 @@ mod tests {
                 .execute(&mut *conn)
                 .await
                 .unwrap();
-            let paused = plan(&mut conn, &explain).await;
+            let paused = plan_of(&mut conn, function, 16).await;
             assert!(
                 paused.contains(
                     "Index Scan using gd_instances_pick on gd_instances i (never executed)"
@@ -451,8 +287,7 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap();
-        let explain = explain_claim(64);
-        let plan = plan(&mut conn, &explain).await;
+        let plan = plan(&mut conn, 64).await;
         let scan = plan
             .lines()
             .find(|l| l.contains("Index Scan using gd_instances_pick on gd_instances i"))
@@ -550,36 +385,100 @@ mod tests {
         db.close().await;
     }
 
-    /// `EXPLAIN ANALYZE` of a claim of `batch` rows of queue `q`, FSM `F` v1, by node
-    /// `n1`, at the database's now.
-    fn explain_claim(batch: i64) -> String {
-        explain_of(CLAIM, batch)
-    }
-
-    /// As [`explain_claim`], of `statement` (a variant of the claim).
-    fn explain_of(statement: &str, batch: i64) -> String {
-        format!(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
-            statement
-                .replace("$1", "'q'")
-                .replace("$2::text[]", "'{F}'::text[]")
-                .replace("$3::int4[]", "'{1}'::int4[]")
-                .replace("$4", &batch.to_string())
-                .replace("$5", "'n1'")
-                .replace("$6", "30000")
-                .replace("$7", "NULL::timestamptz")
+    /// Each claim function keeps the plan it made at its connection's first call, often on
+    /// an empty table. Once 50,000 rows are in, unseen by any `ANALYZE` (autovacuum off,
+    /// as between two of its runs), that plan still reads the batch through the pick
+    /// index and never the table whole.
+    #[tokio::test]
+    async fn a_plan_made_on_an_empty_table_still_reads_only_the_batch() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::raw_sql(
+            "ALTER TABLE gd_instances SET (autovacuum_enabled = false); ANALYZE gd_instances;",
         )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let names = ["F".to_string()];
+        let params = |flow| ClaimParams {
+            queue: "q",
+            names: &names,
+            versions: &[1],
+            demand: 16,
+            node: "n1",
+            lease_ttl_ms: 30_000,
+            now: None,
+            flow,
+        };
+        for flow in [false, true] {
+            let pick = claim(&mut *conn, &params(flow)).await.unwrap();
+            assert!(pick.rows.is_empty());
+        }
+        sqlx::query(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q', CASE WHEN g % 10 = 0 THEN 'k' || g % 100 END
+               FROM generate_series(1, 50000) g",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let reads =
+            "SELECT seq_scan, pg_stat_get_xact_tuples_returned('gd_instances_pick'::regclass)
+                       FROM pg_stat_xact_user_tables WHERE relname = 'gd_instances'";
+        for flow in [false, true] {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+            sqlx::query("SET LOCAL statement_timeout = '5s'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let (scans, read): (i64, i64) =
+                sqlx::query_as(reads).fetch_one(&mut *tx).await.unwrap();
+            let pick = claim(&mut *tx, &params(flow)).await.unwrap();
+            assert_eq!(pick.rows.len(), 16, "flow {flow}");
+            let (scans_after, read_after): (i64, i64) =
+                sqlx::query_as(reads).fetch_one(&mut *tx).await.unwrap();
+            assert_eq!(scans_after, scans, "flow {flow}: no sequential scan");
+            assert!(
+                read_after - read <= 32,
+                "flow {flow}: {} pick index entries read for 16 rows",
+                read_after - read
+            );
+            tx.rollback().await.unwrap();
+        }
+        drop(conn);
+        db.close().await;
     }
 
-    /// The plan of `explain`, run in a transaction rolled back after (EXPLAIN ANALYZE
+    /// The plan `gd_claim` reuses, as `EXPLAIN ANALYZE` of a claim of `batch` rows of
+    /// queue `q`, FSM `F` v1, by node `n1`, at the database's now.
+    async fn plan(conn: &mut sqlx::PgConnection, batch: i64) -> String {
+        plan_of(conn, "gd_claim", batch).await
+    }
+
+    /// As [`plan`], of claim function `function`: its statement prepared and explained
+    /// under the function's settings, in a transaction rolled back after (EXPLAIN ANALYZE
     /// executes the claim).
-    async fn plan(conn: &mut sqlx::PgConnection, explain: &str) -> String {
+    async fn plan_of(conn: &mut sqlx::PgConnection, function: &str, batch: i64) -> String {
         let mut tx = sqlx::Connection::begin(conn).await.unwrap();
-        let lines: Vec<String> = sqlx::query_scalar(explain)
-            .fetch_all(&mut *tx)
+        let prepare = format!(
+            "SET LOCAL plan_cache_mode = force_generic_plan;
+             SET LOCAL enable_seqscan = off;
+             PREPARE explained(text, text[], int4[], int8, text, int8, timestamptz) AS {};",
+            body(function)
+        );
+        sqlx::raw_sql(&prepare).execute(&mut *tx).await.unwrap();
+        let lines: Vec<String> = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)
+             EXECUTE explained('q', '{{F}}', '{{1}}', {batch}, 'n1', 30000, NULL)"
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        sqlx::raw_sql("DEALLOCATE explained")
+            .execute(&mut *conn)
             .await
             .unwrap();
-        tx.rollback().await.unwrap();
         lines.join("\n")
     }
 }

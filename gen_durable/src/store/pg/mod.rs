@@ -45,6 +45,8 @@ pub(crate) mod schedule;
 pub(crate) mod signal;
 pub(crate) mod wait;
 
+use std::borrow::Cow;
+
 /// The LISTEN/NOTIFY channel; the payload is the queue name.
 pub(crate) const WAKE_CHANNEL: &str = "gd_wake";
 
@@ -62,14 +64,11 @@ pub(crate) fn millis(d: std::time::Duration) -> i64 {
 /// The engine's statements under the names and parameter types of the SQL audit's probes
 /// (`PREPARE name(types) AS …`), so the probes run against the statements as they are
 /// now: `gd_audit_prep` prints them as the probes' `prep.sql`.
-pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
-    vec![
-        ("claim", "text, text[], int4[], int8, text, int8, timestamptz", claim::CLAIM),
-        (
-            "claim_plain",
-            "text, text[], int4[], int8, text, int8, timestamptz",
-            claim::CLAIM_PLAIN,
-        ),
+pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)> {
+    let claim_types = "text, text[], int4[], int8, text, int8, timestamptz";
+    let claims = [("claim", "gd_claim"), ("claim_plain", "gd_claim_plain")]
+        .map(|(name, function)| (name, claim_types, Cow::Owned(claim::body(function))));
+    let statements = [
         ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
         ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
@@ -90,7 +89,11 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, &'static str)> {
             insert::INSERT,
         ),
         ("gc", "int8, int8, timestamptz", admin::GC),
-    ]
+    ];
+    claims
+        .into_iter()
+        .chain(statements.map(|(name, types, sql)| (name, types, Cow::Borrowed(sql))))
+        .collect()
 }
 
 #[cfg(test)]
