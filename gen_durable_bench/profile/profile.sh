@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Where a drain's time goes: runs one `gen_durable_bench --scenario drain --no-ceiling --n N`
-# with hooks around its timed part (hook.sh) and prints the cost per step from the server's
+# Where a drain's time goes: runs one `gen_durable_bench --scenario $SCENARIO --no-ceiling
+# --n N` (SCENARIO: drain by default; drain_gated, drain_rate_limited, five_step) with hooks
+# around its timed part (hook.sh) and prints the cost per step from the server's
 # catalogs (pg_stat_statements, pg_stat_user_tables), its WAL (pg_waldump) and /proc.
 #
 #   bash gen_durable_bench/profile/profile.sh [N]        # N = 20000 by default
@@ -13,6 +14,7 @@
 # target/release/…); OUT the folder kept for the run (default: a new /tmp/gd-profile.*).
 set -euo pipefail
 N=${1:-20000}
+SCENARIO=${SCENARIO:-drain}
 here=$(cd "$(dirname "$0")" && pwd)
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5433/postgres}
 BENCH=${BENCH:-${CARGO_TARGET_DIR:-$here/../../target}/release/gen_durable_bench}
@@ -26,7 +28,7 @@ psql_db() { psql -X -q -At -v ON_ERROR_STOP=1 -d gen_durable_bench "$@"; }
 psql -X -q -At -d postgres -c "SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'" | grep -q 1 ||
   psql -X -q -d postgres -c "CREATE EXTENSION pg_stat_statements"
 
-"$BENCH" --scenario drain --no-ceiling --n "$N" \
+"$BENCH" --scenario "$SCENARIO" --no-ceiling --n "$N" \
   --before-drain "bash $here/hook.sh before" --after-drain "bash $here/hook.sh after" \
   > "$OUT/bench.json"
 # The engine's backends have exited: their table counters are flushed.
@@ -39,7 +41,7 @@ window=$(echo "$(cat "$OUT/t_end") - $(cat "$OUT/t_start")" | bc)
 lsn0=$(cat "$OUT/lsn_start"); lsn1=$(cat "$OUT/lsn_end")
 us() { echo "scale=1; ($1) * 1000000 / $tck / $N" | bc; }
 
-echo "# drain of $N at $(git -C "$here" rev-parse --short HEAD), $(date -u +%FT%TZ); files in $OUT"
+echo "# $SCENARIO of $N at $(git -C "$here" rev-parse --short HEAD), $(date -u +%FT%TZ); files in $OUT"
 cat "$OUT/bench.json"
 echo
 echo "## CPU per step (µs; /proc utime+stime over the hook window of ${window}s; the drain itself ${secs}s)"

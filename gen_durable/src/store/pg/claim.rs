@@ -11,8 +11,8 @@ use crate::error::Result;
 /// Claims up to `$4` runnable rows of queue `$1` in one statement, and returns each with
 /// its inbox and children, so a pick is one round trip whatever its size.
 ///
-/// The statement is the body of the function `gd_claim` (migration 0015; [`body`] returns
-/// it), so that PostgreSQL plans it once per connection and not on every call: sent as a
+/// The statement is the body of the function `gd_claim` (migrations 0015 and 0016; [`body`]
+/// returns it), so that PostgreSQL plans it once per connection and not on every call: sent as a
 /// prepared statement it was planned anew each time (its generic plan looks costly with an
 /// unknown `LIMIT`), 2.4–2.7 ms of a claim. The function's `SET plan_cache_mode =
 /// force_generic_plan` reuses the plan; its `SET enable_seqscan = off` keeps that plan on
@@ -50,6 +50,12 @@ use crate::error::Result;
 ///   (gate, key, slot) of executing rows is the guarantee: two claims that chose one
 ///   slot cannot both commit (the loser fails on it and retries, as on a K = 1 key).
 ///   Rows beyond the room are handed back untouched, in `contended` with their gate.
+///   They are few: while a gate is declared, `head` first reads the first `$4` rows
+///   without locking them, and `bound` caps the rows `picked` locks at what can be
+///   claimed of them (each row without a gate, at most the room of each gate key, and
+///   the rows of a full key, which `picked` skips to read as many beyond; migration
+///   0016). Without it a hot key with little room had most of each claim's rows locked
+///   and handed back, and locked again by the next claim.
 /// - Rate limits (migration 0012): chosen rows whose step is their limit's step and
 ///   whose tokens are not paid (`wants`) take them from their key's bucket in pick order
 ///   (a running sum of weights per key). The existing buckets are locked in key order
@@ -82,17 +88,30 @@ pub(super) const CLAIM: &str = "/* gd:claim */ SELECT * FROM gd_claim($1, $2, $3
 pub(super) const CLAIM_PLAIN: &str =
     "/* gd:claim */ SELECT * FROM gd_claim_plain($1, $2, $3, $4, $5, $6, $7)";
 
-/// Migration 0015, which defines the claim's functions.
-const FUNCTIONS: &str = include_str!("../../../../migrations/0015_claim_functions.sql");
+/// The migrations that define the claim's functions, oldest first: 0015 made both, 0016
+/// replaced `gd_claim`.
+const FUNCTIONS: [&str; 2] = [
+    include_str!("../../../../migrations/0015_claim_functions.sql"),
+    include_str!("../../../../migrations/0016_claim_room.sql"),
+];
 
-/// The statement inside claim function `function` (`gd_claim` or `gd_claim_plain`), as
-/// PostgreSQL prepares it, with its marker: for the plan tests and the SQL audit's probes.
+/// The statement inside claim function `function` (`gd_claim` or `gd_claim_plain`) as its
+/// newest migration defines it and PostgreSQL prepares it, with its marker: for the plan
+/// tests and the SQL audit's probes.
 pub(crate) fn body(function: &str) -> String {
-    let head = format!("CREATE FUNCTION {function}(");
-    let from = FUNCTIONS
-        .find(&head)
-        .unwrap_or_else(|| panic!("no function {function} in migration 0015"));
-    let text = &FUNCTIONS[from..];
+    let heads = [
+        format!("CREATE FUNCTION {function}("),
+        format!("CREATE OR REPLACE FUNCTION {function}("),
+    ];
+    let text = FUNCTIONS
+        .iter()
+        .rev()
+        .find_map(|m| {
+            heads
+                .iter()
+                .find_map(|h| m.find(h.as_str()).map(|at| &m[at..]))
+        })
+        .unwrap_or_else(|| panic!("no function {function} in the claim's migrations"));
     let start = text.find("RETURN QUERY\n").expect("its RETURN QUERY") + "RETURN QUERY\n".len();
     let end = start + text[start..].find(";\nEND").expect("its END");
     format!("/* gd:claim */\n{}", &text[start..end])
@@ -319,6 +338,59 @@ mod tests {
         assert_eq!(claimed.len(), 64, "a whole batch of ungated rows");
         assert!(claimed.iter().all(|c| c.gate.is_none()));
         tx.rollback().await.unwrap();
+        drop(conn);
+        db.close().await;
+    }
+
+    /// A claim locks no more rows of a gate key than the key has room for: of a hot key
+    /// with 2 free slots it takes 2 rows and hands none back (migration 0016; before it,
+    /// it locked a whole batch and handed back all but 2). Once the key is full, the rows
+    /// without a gate queued behind it are still claimed: a full key's rows do not count
+    /// against the batch.
+    #[tokio::test]
+    async fn a_claim_locks_no_more_rows_of_a_gate_key_than_its_room() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        // Gate g, K = 4: two rows of key k run; 100 of k wait, then 10 without a gate.
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 4);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                       status, gate_slot, locked_by)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k', 'executing', s, 'n0'
+               FROM generate_series(0, 1) s;
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' FROM generate_series(1, 100);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 10);",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let names = ["F".to_string()];
+        let params = ClaimParams {
+            queue: "q",
+            names: &names,
+            versions: &[1],
+            demand: 16,
+            node: "n1",
+            lease_ttl_ms: 30_000,
+            now: None,
+            flow: true,
+        };
+        let pick = claim(&mut *conn, &params).await.unwrap();
+        assert_eq!(pick.rows.len(), 2, "the key's two free slots");
+        assert!(
+            pick.contended.is_empty(),
+            "no row locked only to be handed back: {:?}",
+            pick.contended
+        );
+        let full = claim(&mut *conn, &params).await.unwrap();
+        assert_eq!(
+            full.rows.len(),
+            10,
+            "the rows without a gate, behind the full key"
+        );
+        assert!(full.rows.iter().all(|r| r.gate.is_none()));
         drop(conn);
         db.close().await;
     }
