@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{column, count, finished, status, Count};
+use common::{column, count, eventually, finished, status, Count, Events};
 use gen_durable::{Child, Client, Engine, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
@@ -57,8 +57,33 @@ test_fsm!(Dedup, state = Count, queue = "fan", version = 1, {
     Sum => "sum" |ctx| { Ok(Step::done(json!(ctx.children().len()))) },
 });
 
+/// Lets `HeldLeaf` steps end: one permit each.
+static GO: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+test_fsm!(HeldLeaf, state = Count, queue = "fan", version = 1, {
+    Run => "run" |ctx| {
+        GO.acquire().await.unwrap().forget();
+        Ok(Step::done(json!(ctx.state.n * 10)))
+    },
+});
+
+test_fsm!(HeldParent, state = Count, queue = "fan", version = 1, {
+    Spawn => "spawn" |ctx| {
+        let kids: Vec<Child> = (0..ctx.state.n)
+            .map(|i| Child::new::<HeldLeaf>(Count { n: i, ..Default::default() }))
+            .collect();
+        Ok(Step::schedule_children(kids, HeldParent::Sum))
+    },
+    Sum => "sum" |ctx| {
+        let sum: i64 = ctx.children().iter().filter_map(|c| c.result.as_ref().and_then(|r| r.as_i64())).sum();
+        Ok(Step::done(json!(sum)))
+    },
+});
+
 fn registry() -> Registry {
     let mut r = Registry::new();
+    r.register::<HeldLeaf>();
+    r.register::<HeldParent>();
     r.register::<Leaf>();
     r.register::<Parent>();
     r.register::<Grand>();
@@ -196,6 +221,79 @@ async fn ten_thousand_children_wake_the_parent_exactly_once() {
         Some("0")
     );
     assert_eq!(status(db.pool(), id).await, "done");
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+/// Children end while a caller's transaction holds their parent's row: their outcomes are
+/// deferred (tried again at once a few times, then backing off), nothing is written while
+/// the lock is held, and once it is let go every child commits exactly once and the
+/// parent sums them.
+#[tokio::test]
+async fn outcomes_deferred_by_a_held_parent_commit_once_it_is_let_go() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let events = Events::default();
+    let engine = Engine::builder(db.pool().clone())
+        .with_registry(registry())
+        .queue_with(
+            "fan",
+            QueueConfig::new(8).with_poll_interval(Duration::from_millis(50)),
+        )
+        .on_event(events.handler())
+        .start()
+        .await
+        .unwrap();
+    let id = gd
+        .insert::<HeldParent>(Count {
+            n: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let executing = format!(
+        "SELECT count(*) FROM gd_instances WHERE parent_id = {id} AND status = 'executing'"
+    );
+    eventually(20, "the four children to run", || async {
+        count(db.pool(), &executing).await == 4
+    })
+    .await;
+    let mut holder = db.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM gd_instances WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(id)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    GO.add_permits(4);
+    let deferred = || {
+        events
+            .all()
+            .iter()
+            .filter(|e| {
+                matches!(e, gen_durable::Event::CommitStop { count, committed, .. }
+                             if committed < count)
+            })
+            .count()
+    };
+    // Past the fast tries: the backing off has begun.
+    eventually(
+        20,
+        "the children's outcomes to be deferred five times",
+        || async { deferred() >= 5 },
+    )
+    .await;
+    assert_eq!(
+        count(db.pool(), &executing).await,
+        4,
+        "nothing committed meanwhile"
+    );
+    holder.commit().await.unwrap();
+    assert_eq!(finished(db.pool(), id, 20).await, "done");
+    assert_eq!(column(db.pool(), id, "result").await.as_deref(), Some("60"));
+    let once = format!(
+        "SELECT count(*) FROM gd_instances WHERE parent_id = {id} AND status = 'done' AND attempt = 0"
+    );
+    assert_eq!(count(db.pool(), &once).await, 4);
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }

@@ -329,7 +329,13 @@ const BESIDE: usize = 32;
 /// transaction) before it is given up as not committed: about 20 s of tries.
 pub(crate) const MAX_DEFERRALS: u32 = 100;
 
-/// When a deferred outcome is tried again: soon, then backing off to 200 ms.
+/// How often an outcome is deferred and tried again without waiting: the first times,
+/// when the lock it met was most likely another commit of this engine's (two batches with
+/// children of one parent), which has ended by then.
+const FAST_DEFERRALS: u32 = 3;
+
+/// When a deferred outcome is tried again after its fast tries: soon, then backing off to
+/// 200 ms.
 pub(crate) fn defer_delay(deferrals: u32) -> Duration {
     Duration::from_millis((2u64 << deferrals.min(7)).min(200))
 }
@@ -352,6 +358,12 @@ impl Committer {
         // Outcomes to try again once `later_at` has passed.
         let mut later: Vec<CommitRequest> = Vec::new();
         let mut later_at = tokio::time::Instant::now();
+        // Outcomes deferred while another commit of ours ran: most often that commit held
+        // their rows' parent (two batches of one fan-in). Tried again when it ends.
+        let mut after_flight: Vec<CommitRequest> = Vec::new();
+        // The last commit that ended deferred some of its rows: commit one batch at a time
+        // until one ends without, so that two batches do not keep meeting on one parent.
+        let mut contended = false;
         // Connections kept between commits, and the commits running.
         let mut idle: Vec<PoolConnection<Postgres>> = Vec::new();
         let mut flying: JoinSet<(Held, Vec<CommitRequest>)> = JoinSet::new();
@@ -359,12 +371,19 @@ impl Committer {
         loop {
             while !pending.is_empty()
                 && (flying.is_empty()
-                    || (flying.len() < IN_FLIGHT && (pending.len() >= BESIDE || !open)))
+                    || (flying.len() < IN_FLIGHT
+                        && !contended
+                        && (pending.len() >= BESIDE || !open)))
             {
                 let batch = std::mem::replace(&mut pending, Vec::with_capacity(max));
                 flying.spawn(self.clone().run_once(idle.pop(), batch));
             }
-            if !open && pending.is_empty() && flying.is_empty() && later.is_empty() {
+            if !open
+                && pending.is_empty()
+                && flying.is_empty()
+                && later.is_empty()
+                && after_flight.is_empty()
+            {
                 return;
             }
             tokio::select! {
@@ -381,13 +400,27 @@ impl Committer {
                     None => open = false,
                 },
                 Some(done) = flying.join_next(), if !flying.is_empty() => {
+                    // A commit ended: what waited for it goes again now.
+                    pending.append(&mut after_flight);
                     if let Ok((held, deferred)) = done {
+                        contended = !deferred.is_empty();
                         // Keep the connection for the next commit unless a claim or a step
                         // could be left waiting for it (a small pool).
                         if let Some(conn) = held {
                             if can_spare(&self.db.pool) {
                                 idle.push(conn);
                             }
+                        }
+                        // Deferred for the first times: at once if no commit of ours is
+                        // running any more (it may have held them), or when the one still
+                        // running ends. Often deferred: a caller's transaction holds them,
+                        // so back off.
+                        let (fast, deferred): (Vec<_>, Vec<_>) =
+                            deferred.into_iter().partition(|r| r.deferrals <= FAST_DEFERRALS);
+                        if flying.is_empty() {
+                            pending.extend(fast);
+                        } else {
+                            after_flight.extend(fast);
                         }
                         if let Some(n) = deferred.iter().map(|r| r.deferrals).max() {
                             let at = tokio::time::Instant::now() + defer_delay(n);
