@@ -19,6 +19,14 @@
 --    rows too: `picked` skips them and reads on past them, to rows `head` did not see.
 --    `picked` locks at most that many.
 --
+-- 3. Two nodes claiming one gate key at once no longer race for its free slots. Both
+--    counted the same free slots from their snapshots and chose the same ones (each wants
+--    all the room), so one claim failed on the slot index each time, and was retried up
+--    to five times: with one hot key, 2 processes drained 518/s and 4 drained 175/s where
+--    one drained 19,300/s. Now `gd_claim` first locks the gates of the head of the queue
+--    (`FOR NO KEY UPDATE` of their `gd_gates` rows, in name order) and counts the free
+--    slots in a second statement, whose snapshot sees the claim that went before.
+--
 -- The rest of each statement is 0015's.
 
 CREATE OR REPLACE FUNCTION gd_claim(text, text[], int4[], int8, text, int8, timestamptz)
@@ -31,6 +39,20 @@ SET enable_seqscan = off
 AS $claim$
 #variable_conflict use_column
 BEGIN
+-- Claims of a gate's keys take turns, across nodes: each first locks the gates of the rows
+-- at the head of the queue, and only then, in a statement of its own (with a snapshot
+-- taken after the lock, so it sees what the claim before it took), counts the free slots.
+PERFORM 1 FROM gd_gates g
+ WHERE g.name IN (SELECT hd.gate FROM gd_instances hd
+                   WHERE hd.queue = $1
+                     AND hd.status = 'runnable'
+                     AND hd.eligible_at <= coalesce($7, now())
+                     AND EXISTS (SELECT 1 FROM gd_gates)
+                     AND (hd.fsm, hd.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
+                   ORDER BY hd.priority, hd.eligible_at, hd.id
+                   LIMIT $4)
+ ORDER BY g.name
+   FOR NO KEY UPDATE OF g;
 RETURN QUERY
 WITH head AS MATERIALIZED (
     SELECT hd.gate, hd.partition_key

@@ -55,7 +55,11 @@ use crate::error::Result;
 ///   claimed of them (each row without a gate, at most the room of each gate key, and
 ///   the rows of a full key, which `picked` skips to read as many beyond; migration
 ///   0016). Without it a hot key with little room had most of each claim's rows locked
-///   and handed back, and locked again by the next claim.
+///   and handed back, and locked again by the next claim. Claims of one gate take turns
+///   across nodes: `gd_claim` first locks the `gd_gates` rows of the gates at the head of
+///   the queue, then counts free slots in a statement of its own, whose snapshot sees
+///   what the claim before it took (two nodes otherwise chose the same free slots, and
+///   one failed on the slot index every time).
 /// - Rate limits (migration 0012): chosen rows whose step is their limit's step and
 ///   whose tokens are not paid (`wants`) take them from their key's bucket in pick order
 ///   (a running sum of weights per key). The existing buckets are locked in key order
@@ -392,6 +396,82 @@ mod tests {
         );
         assert!(full.rows.iter().all(|r| r.gate.is_none()));
         drop(conn);
+        db.close().await;
+    }
+
+    /// Two nodes claim one gate key at once, each wanting all its room: the second waits
+    /// for the first (on the gate's row), then sees the slots it took and claims none,
+    /// instead of choosing the same free slots and failing on the slot index once the first
+    /// commits (before migration 0016 it failed with a unique violation every time).
+    #[tokio::test]
+    async fn two_claims_of_one_gate_key_take_turns_instead_of_racing_for_its_slots() {
+        let db = TestDb::new().await;
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 4);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' FROM generate_series(1, 100);",
+        )
+        .execute(db.pool())
+        .await
+        .unwrap();
+        let names = ["F".to_string()];
+        let params = |node| ClaimParams {
+            queue: "q",
+            names: &names,
+            versions: &[1],
+            demand: 16,
+            node,
+            lease_ttl_ms: 30_000,
+            now: None,
+            flow: true,
+        };
+        let mut first = db.pool().begin().await.unwrap();
+        let took = claim(&mut *first, &params("n1")).await.unwrap().rows;
+        assert_eq!(took.len(), 4, "the key's whole room");
+        let mut other = db.pool().acquire().await.unwrap();
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *other)
+            .await
+            .unwrap();
+        let second = tokio::spawn(async move {
+            let names = ["F".to_string()];
+            let params = ClaimParams {
+                queue: "q",
+                names: &names,
+                versions: &[1],
+                demand: 16,
+                node: "n2",
+                lease_ttl_ms: 30_000,
+                now: None,
+                flow: true,
+            };
+            claim(&mut *other, &params).await.map(|p| p.rows.len())
+        });
+        // The second claim waits on a lock the first holds.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
+            )
+            .bind(pid)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+            if waiting {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second claim never waited"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        first.commit().await.unwrap();
+        let got = second.await.unwrap();
+        assert!(
+            matches!(got, Ok(0)),
+            "the second claim sees the slots taken and claims nothing: {got:?}"
+        );
         db.close().await;
     }
 
