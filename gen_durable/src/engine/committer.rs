@@ -3,7 +3,10 @@
 //! - The group commit: outcomes of many steps, across instances, in one statement (fenced
 //!   per row; three in a transaction when the batch spawns children). While a batch
 //!   commits, the next accumulates (a second may start beside it once it holds [`BESIDE`]
-//!   outcomes), so batching grows with load and adds no delay when idle.
+//!   outcomes, unless the last commit found rows or parents locked), so batching grows
+//!   with load and adds no delay when idle. An outcome whose row or parent was locked is
+//!   deferred: tried again as soon as the commit running beside it ends (that commit
+//!   most likely held the lock: two batches of one fan-in), then with a back-off.
 //! - The own-transaction commit: a step that used `ctx.transaction()` commits its outcome
 //!   in that transaction, with its writes ([`CommitterHandle::commit`] routes).
 //!

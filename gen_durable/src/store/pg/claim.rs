@@ -327,17 +327,7 @@ mod tests {
         );
         assert!(!plan.contains("Seq Scan on gd_instances"), "{plan}");
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let names = ["F".to_string()];
-        let params = ClaimParams {
-            queue: "q",
-            names: &names,
-            versions: &[1],
-            demand: 64,
-            node: "n1",
-            lease_ttl_ms: 30_000,
-            now: None,
-            flow: true,
-        };
+        let params = claim_params("n1", 64, true);
         let claimed = claim(&mut *tx, &params).await.unwrap().rows;
         assert_eq!(claimed.len(), 64, "a whole batch of ungated rows");
         assert!(claimed.iter().all(|c| c.gate.is_none()));
@@ -370,17 +360,7 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap();
-        let names = ["F".to_string()];
-        let params = ClaimParams {
-            queue: "q",
-            names: &names,
-            versions: &[1],
-            demand: 16,
-            node: "n1",
-            lease_ttl_ms: 30_000,
-            now: None,
-            flow: true,
-        };
+        let params = claim_params("n1", 16, true);
         let pick = claim(&mut *conn, &params).await.unwrap();
         assert_eq!(pick.rows.len(), 2, "the key's two free slots");
         assert!(
@@ -414,19 +394,9 @@ mod tests {
         .execute(db.pool())
         .await
         .unwrap();
-        let names = ["F".to_string()];
-        let params = |node| ClaimParams {
-            queue: "q",
-            names: &names,
-            versions: &[1],
-            demand: 16,
-            node,
-            lease_ttl_ms: 30_000,
-            now: None,
-            flow: true,
-        };
+        let params = claim_params("n1", 16, true);
         let mut first = db.pool().begin().await.unwrap();
-        let took = claim(&mut *first, &params("n1")).await.unwrap().rows;
+        let took = claim(&mut *first, &params).await.unwrap().rows;
         assert_eq!(took.len(), 4, "the key's whole room");
         let mut other = db.pool().acquire().await.unwrap();
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -434,17 +404,7 @@ mod tests {
             .await
             .unwrap();
         let second = tokio::spawn(async move {
-            let names = ["F".to_string()];
-            let params = ClaimParams {
-                queue: "q",
-                names: &names,
-                versions: &[1],
-                demand: 16,
-                node: "n2",
-                lease_ttl_ms: 30_000,
-                now: None,
-                flow: true,
-            };
+            let params = claim_params("n2", 16, true);
             claim(&mut *other, &params).await.map(|p| p.rows.len())
         });
         // The second claim waits on a lock the first holds.
@@ -482,17 +442,7 @@ mod tests {
     async fn the_plain_claim_switches_to_the_full_one_once_a_gate_is_declared() {
         let db = TestDb::new().await;
         let mut conn = db.pool().acquire().await.unwrap();
-        let names = ["F".to_string()];
-        let params = |flow| ClaimParams {
-            queue: "q",
-            names: &names,
-            versions: &[1],
-            demand: 10,
-            node: "n1",
-            lease_ttl_ms: 30_000,
-            now: None,
-            flow,
-        };
+        let params = |flow| claim_params("n1", 10, flow);
         let insert = "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, \
                       partition_key) VALUES ('F', 1, 's', '{}', 'q', $1, $2)";
         sqlx::query(insert)
@@ -553,17 +503,7 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap();
-        let names = ["F".to_string()];
-        let params = |flow| ClaimParams {
-            queue: "q",
-            names: &names,
-            versions: &[1],
-            demand: 16,
-            node: "n1",
-            lease_ttl_ms: 30_000,
-            now: None,
-            flow,
-        };
+        let params = |flow| claim_params("n1", 16, flow);
         for flow in [false, true] {
             let pick = claim(&mut *conn, &params(flow)).await.unwrap();
             assert!(pick.rows.is_empty());
@@ -609,6 +549,23 @@ mod tests {
         }
         drop(conn);
         db.close().await;
+    }
+
+    /// A claim of `demand` rows of queue `q`, FSM `F` v1, by `node`, with a 30 s lease, at
+    /// the database's now.
+    fn claim_params(node: &'static str, demand: i64, flow: bool) -> ClaimParams<'static> {
+        static NAMES: std::sync::LazyLock<[String; 1]> =
+            std::sync::LazyLock::new(|| ["F".to_string()]);
+        ClaimParams {
+            queue: "q",
+            names: &NAMES[..],
+            versions: &[1],
+            demand,
+            node,
+            lease_ttl_ms: 30_000,
+            now: None,
+            flow,
+        }
     }
 
     /// The plan `gd_claim` reuses, as `EXPLAIN ANALYZE` of a claim of `batch` rows of
