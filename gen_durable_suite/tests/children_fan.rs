@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{column, count, eventually, finished, status, Count, Events};
-use gen_durable::{Child, Client, Engine, QueueConfig, Registry, Step};
+use gen_durable::{Child, Client, Engine, EngineBuilder, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -91,16 +91,18 @@ fn registry() -> Registry {
     r
 }
 
-async fn engine(db: &TestDb, concurrency: usize) -> Engine {
+/// An engine on queue `fan` with `concurrency` slots, polling every 50 ms.
+fn builder(db: &TestDb, concurrency: usize) -> EngineBuilder {
     Engine::builder(db.pool().clone())
         .with_registry(registry())
         .queue_with(
             "fan",
             QueueConfig::new(concurrency).with_poll_interval(Duration::from_millis(50)),
         )
-        .start()
-        .await
-        .unwrap()
+}
+
+async fn engine(db: &TestDb, concurrency: usize) -> Engine {
+    builder(db, concurrency).start().await.unwrap()
 }
 
 #[tokio::test]
@@ -186,15 +188,7 @@ async fn two_levels_of_nesting() {
 async fn ten_thousand_children_wake_the_parent_exactly_once() {
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone());
-    let engine = Engine::builder(db.pool().clone())
-        .with_registry(registry())
-        .queue_with(
-            "fan",
-            QueueConfig::new(50).with_poll_interval(Duration::from_millis(50)),
-        )
-        .start()
-        .await
-        .unwrap();
+    let engine = engine(&db, 50).await;
     let id = gd
         .insert::<Parent>(Count {
             n: 10_000,
@@ -234,12 +228,7 @@ async fn outcomes_deferred_by_a_held_parent_commit_once_it_is_let_go() {
     let db = TestDb::new().await;
     let gd = Client::new(db.pool().clone());
     let events = Events::default();
-    let engine = Engine::builder(db.pool().clone())
-        .with_registry(registry())
-        .queue_with(
-            "fan",
-            QueueConfig::new(8).with_poll_interval(Duration::from_millis(50)),
-        )
+    let engine = builder(&db, 8)
         .on_event(events.handler())
         .start()
         .await
