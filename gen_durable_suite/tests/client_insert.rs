@@ -367,6 +367,58 @@ async fn insert_all_twenty_thousand_in_one_call() {
     db.close().await;
 }
 
+/// A batch sends an optional column only when some row sets it (an all-NULL column is an
+/// empty array, which `unnest` pads): a value set on one row of many lands on that row
+/// alone, whichever row it is.
+#[tokio::test]
+async fn insert_all_puts_an_option_of_one_row_on_that_row_alone() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let at = Utc.with_ymd_and_hms(2030, 1, 2, 3, 4, 5).unwrap();
+    let entries = vec![
+        Entry::<Checkout>::new(order(0)),
+        Entry::new(order(1)).partition_key("p:1"),
+        Entry::new(order(2)).eligible_at(at),
+        Entry::new(order(3)),
+        Entry::new(order(4)).schedule_in(Duration::from_secs(3600)),
+    ];
+    let ids = gd.insert_all::<Checkout>(entries).await.unwrap();
+    assert_eq!(ids.len(), 5);
+    let p = db.pool();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            column(p, *id, "state->>'order'").await.as_deref(),
+            Some(i.to_string().as_str()),
+            "rows keep the entries' order"
+        );
+        let key = column(p, *id, "partition_key").await;
+        assert_eq!(key.as_deref(), (i == 1).then_some("p:1"), "row {i}'s key");
+        let later = count(
+            p,
+            &format!("SELECT count(*) FROM gd_instances WHERE id = {id} AND eligible_at > now() + interval '30 minutes'"),
+        )
+        .await;
+        assert_eq!(later == 1, i == 2 || i == 4, "row {i}'s eligible_at");
+    }
+    // With unique keys (the sorted statement) the rows keep their own options too.
+    let keyed = vec![
+        Entry::<Checkout>::new(order(5)).unique_key("u:5"),
+        Entry::new(order(6)).partition_key("p:6"),
+    ];
+    let ids = gd.insert_all::<Checkout>(keyed).await.unwrap();
+    assert_eq!(
+        column(p, ids[0], "unique_key").await.as_deref(),
+        Some("u:5")
+    );
+    assert_eq!(column(p, ids[0], "partition_key").await, None);
+    assert_eq!(column(p, ids[1], "unique_key").await, None);
+    assert_eq!(
+        column(p, ids[1], "partition_key").await.as_deref(),
+        Some("p:6")
+    );
+    db.close().await;
+}
+
 #[tokio::test]
 async fn inserts_join_a_callers_transaction() {
     let db = TestDb::new().await;

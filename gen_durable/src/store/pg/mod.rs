@@ -88,6 +88,11 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)>
             "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[], text[], text[], text[], float8[]",
             insert::INSERT,
         ),
+        (
+            "insert_fresh",
+            "text[], int4[], text[], jsonb[], text[], int2[], text[], text[], text[], timestamptz[], int8[], int4[], timestamptz, int8[], text[], text[], text[], text[], float8[]",
+            insert::INSERT_FRESH,
+        ),
         ("gc", "int8, int8, timestamptz", admin::GC),
     ];
     claims
@@ -176,6 +181,9 @@ mod tests {
         assert!(crate::engine::BEGIN_READ_COMMITTED.starts_with("/* gd:begin */"));
         for sql in [super::signal::DELIVER, super::signal::DELIVER_BY_KEY] {
             assert!(sql.starts_with("/* gd:signal */"), "{sql}");
+        }
+        for sql in [super::insert::INSERT, super::insert::INSERT_FRESH] {
+            assert!(sql.starts_with("/* gd:insert */"), "{sql}");
         }
         for sql in [super::bulk::MATCHING_IDS, super::bulk::MATCHING_COUNT] {
             assert!(sql.starts_with("/* gd:admin */"), "{sql}");
