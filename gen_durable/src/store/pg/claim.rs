@@ -17,7 +17,9 @@ use crate::error::Result;
 /// unknown `LIMIT`), 2.4–2.7 ms of a claim. The function's `SET plan_cache_mode =
 /// force_generic_plan` reuses the plan; its `SET enable_seqscan = off` keeps that plan on
 /// the indexes even when it was made while the table was empty (a plan made then and kept
-/// read the whole table on every claim once it had filled, until the next `ANALYZE`).
+/// read the whole table on every claim once it had filled, until the next `ANALYZE`); its
+/// `SET jit = off` (migration 0018) keeps PostgreSQL from compiling it with LLVM on every
+/// call when the backlog makes its estimate large (1.8 s per claim at 1,000,000 rows).
 ///
 /// - `picked` is MATERIALIZED: the fence that makes `LIMIT` bound the rows locked. It
 ///   reads the pick index `(queue, priority, eligible_at, id) WHERE status = 'runnable'`
@@ -280,6 +282,47 @@ mod tests {
                 .execute(&mut *conn)
                 .await
                 .unwrap();
+        }
+        drop(conn);
+        db.close().await;
+    }
+
+    /// No claim is compiled by JIT, however costly its plan looks. PostgreSQL compiles a
+    /// statement whose estimate is above `jit_above_cost` on every execution; `gd_claim`'s
+    /// generic plan is estimated from the whole backlog, and at 1,000,000 rows with gated
+    /// ones each claim spent 1.8 s compiling (PERFORMANCE.md, "Claim with gated rows";
+    /// migration 0018). `plan_of` explains under the functions' own settings with the
+    /// threshold at 0, so a function that allowed JIT would show it on any table. (Where
+    /// the server has no JIT, as `pg_jit_available()` says, this cannot fail.)
+    #[tokio::test]
+    async fn no_claim_is_compiled_by_jit() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 2);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q',
+                    CASE WHEN g % 10 = 0 THEN 'g' END, CASE WHEN g % 10 = 0 THEN 'k' END
+               FROM generate_series(1, 1000) g;
+             ANALYZE gd_instances;",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let jit: bool = sqlx::query_scalar("SELECT pg_jit_available()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        for function in ["gd_claim", "gd_claim_plain"] {
+            let plan = plan_of(&mut conn, function, 16).await;
+            assert!(
+                plan.contains("actual rows=16"),
+                "{function} claims:\n{plan}"
+            );
+            assert!(
+                !plan.contains("JIT:"),
+                "{function} is compiled by JIT (available: {jit}):\n{plan}"
+            );
         }
         drop(conn);
         db.close().await;
@@ -577,17 +620,30 @@ mod tests {
     /// As [`plan`], of claim function `function`: its statement prepared and explained
     /// under the function's settings, in a transaction rolled back after (EXPLAIN ANALYZE
     /// executes the claim).
+    ///
+    /// The settings are the function's own, read from the catalog, on top of
+    /// `jit_above_cost = 0`: a plan the function would let JIT compile shows its `JIT:`
+    /// section (printed with the costs), which every plan test then sees.
     async fn plan_of(conn: &mut sqlx::PgConnection, function: &str, batch: i64) -> String {
         let mut tx = sqlx::Connection::begin(conn).await.unwrap();
+        sqlx::query(
+            "SELECT set_config('jit_above_cost', '0', true),
+                    (SELECT count(set_config(split_part(c, '=', 1),
+                                             substr(c, strpos(c, '=') + 1), true))
+                       FROM pg_proc, unnest(proconfig) c
+                      WHERE proname = $1)",
+        )
+        .bind(function)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
         let prepare = format!(
-            "SET LOCAL plan_cache_mode = force_generic_plan;
-             SET LOCAL enable_seqscan = off;
-             PREPARE explained(text, text[], int4[], int8, text, int8, timestamptz) AS {};",
+            "PREPARE explained(text, text[], int4[], int8, text, int8, timestamptz) AS {};",
             body(function)
         );
         sqlx::raw_sql(&prepare).execute(&mut *tx).await.unwrap();
         let lines: Vec<String> = sqlx::query_scalar(&format!(
-            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF)
+            "EXPLAIN (ANALYZE, TIMING OFF)
              EXECUTE explained('q', '{{F}}', '{{1}}', {batch}, 'n1', 30000, NULL)"
         ))
         .fetch_all(&mut *tx)
@@ -598,6 +654,17 @@ mod tests {
             .execute(&mut *conn)
             .await
             .unwrap();
-        lines.join("\n")
+        // Each node as `COSTS OFF` prints it: the estimates cut out.
+        lines
+            .iter()
+            .map(|l| match l.find("  (cost=") {
+                Some(from) => match l[from..].find(')') {
+                    Some(len) => format!("{}{}", &l[..from], &l[from + len + 1..]),
+                    None => l.clone(),
+                },
+                None => l.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
