@@ -299,11 +299,8 @@ mod tests {
         let db = TestDb::new().await;
         let mut conn = db.pool().acquire().await.unwrap();
         sqlx::raw_sql(
-            "INSERT INTO gd_gates (name, size) VALUES ('g', 2);
-             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
-             SELECT 'F', 1, 's', '{}', 'q',
-                    CASE WHEN g % 10 = 0 THEN 'g' END, CASE WHEN g % 10 = 0 THEN 'k' END
-               FROM generate_series(1, 1000) g;
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 1000);
              ANALYZE gd_instances;",
         )
         .execute(&mut *conn)

@@ -67,7 +67,7 @@ pub(super) const INSERT: &str = insert!(
 
 /// [`INSERT`] for a batch in which no row has a unique key: nothing can conflict, so no
 /// sort and no `ON CONFLICT`, whose speculative insertion costs each row a WAL record
-/// of its own. 15% less server time for a batch of 20,000 (PERFORMANCE.md, "insert_all").
+/// of its own: 15% less server time for a batch of 20,000 (PERFORMANCE.md, "The latest run").
 pub(super) const INSERT_FRESH: &str = insert!("");
 
 /// Inserts `rows` and returns the ids actually inserted, ascending. Duplicates by
