@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::engine::collector::Collector;
 use crate::engine::committer::Committer;
+use crate::engine::handoff::Handoffs;
 use crate::engine::config::EngineConfig;
 use crate::engine::heartbeat::Heartbeat;
 use crate::engine::listener::{Listener, WakeListener};
@@ -272,12 +273,18 @@ impl EngineBuilder {
         let tracker = TaskTracker::new();
         let notifier = Notifier::new(pool.clone(), cfg.pooler, cfg.notify_window, tracker.clone());
 
+        let handoffs = Arc::new(Handoffs::new(
+            names.clone(),
+            versions.clone(),
+            crate::store::pg::millis(cfg.heartbeat.lease_ttl),
+        ));
         let (committer, committer_service) = Committer {
             cfg: cfg.committer,
             db: db.clone(),
             node_id: cfg.node_id.clone(),
             telemetry: telemetry.clone(),
             notifier: notifier.clone(),
+            handoffs: handoffs.clone(),
         }
         .start(&tracker);
         let timeouts_wake = Arc::new(Notify::new());
@@ -361,13 +368,18 @@ impl EngineBuilder {
         for (name, cfg) in queues {
             let wake = Arc::new(Notify::new());
             wakes.insert(name.clone(), wake.clone());
-            let picker = Picker::new(Queue {
-                name: Arc::from(name.as_str()),
-                cfg,
-                shared: shared.clone(),
-                wake,
-                draining: stop_picking.clone(),
-            });
+            let name: Arc<str> = Arc::from(name.as_str());
+            let handed = handoffs.open(&name);
+            let picker = Picker::new(
+                Queue {
+                    name,
+                    cfg,
+                    shared: shared.clone(),
+                    wake,
+                    draining: stop_picking.clone(),
+                },
+                handed,
+            );
             runners.push(tracker.spawn(picker.run(stop_picking.clone(), deadline_rx.clone())));
         }
         if !matches!(cfg.listener.on, WakeListener::Off) {

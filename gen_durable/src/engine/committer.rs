@@ -12,7 +12,13 @@
 //!
 //! Both call the store's `outcome::commit`; a batch the database refuses for one row's
 //! values is split until that row is alone, which then commits as `stop`.
+//!
+//! A group commit that ends rows of a gate key hands their slots on in its transaction:
+//! the key's next runnable rows are claimed into them (`store::pg::handoff`) and go to
+//! their queue's picker ([`Handoffs`]), so a hot key's slot is never free between a commit
+//! and the next claim.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,12 +29,16 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::engine::handoff::Handoffs;
 use crate::engine::service::ServiceHandle;
-use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
+use crate::engine::shared::{on_conn, Db, BEGIN_READ_COMMITTED};
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
 use crate::pool::can_spare;
 use crate::runtime::StepOutput;
+use crate::store::pg::claim::Claimed;
+use crate::store::pg::handoff::{self, Freed};
+use crate::store::pg::lease;
 use crate::store::pg::outcome::{self, Commit, Committed};
 use crate::telemetry::{Event, Telemetry};
 
@@ -59,6 +69,8 @@ pub(crate) struct Committer {
     pub(crate) telemetry: Telemetry,
     /// Coalesces the wake-ups of committed outcomes.
     pub(crate) notifier: Arc<Notifier>,
+    /// The pickers that take the rows a commit claims into the gate slots it freed.
+    pub(crate) handoffs: Arc<Handoffs>,
 }
 
 /// The step path's door to the committer: [`CommitterHandle::commit`].
@@ -81,6 +93,9 @@ pub(crate) struct CommitRequest {
     pub(crate) keep_state: bool,
     /// How many times it was deferred (its row or parent held by someone else).
     pub(crate) deferrals: u32,
+    /// The gate and key its claim holds a slot of, if any: when its outcome ends the
+    /// claim, the slot is handed to the key's next row.
+    pub(crate) gate_key: Option<(String, String)>,
     pub(crate) reply: oneshot::Sender<Result<CommitReply>>,
 }
 
@@ -93,6 +108,8 @@ pub(crate) struct CommitReply {
     pub(crate) continued: bool,
     /// The clock's time at commit.
     pub(crate) now: Option<chrono::DateTime<chrono::Utc>>,
+    /// The gate slot its claim held went to the key's next row, claimed by this commit.
+    pub(crate) handed_off: bool,
 }
 
 impl CommitReply {
@@ -101,6 +118,7 @@ impl CommitReply {
             committed: done.fenced.contains(&id),
             continued: done.continued.contains(&id),
             now: done.now,
+            handed_off: false,
         }
     }
 }
@@ -129,6 +147,7 @@ impl CommitterHandle {
         epoch: i64,
         mut output: StepOutput,
         run_ahead: bool,
+        gate_key: Option<(String, String)>,
     ) -> Result<CommitReply> {
         let mut keep_state = false;
         if let Some(tx) = output.tx.take() {
@@ -155,6 +174,7 @@ impl CommitterHandle {
             queue: queue.clone(),
             keep_state,
             deferrals: 0,
+            gate_key,
             reply,
         };
         if self.tx.send(req).await.is_err() {
@@ -236,47 +256,79 @@ type Held = Option<PoolConnection<Postgres>>;
 const HOLD: Duration = Duration::from_millis(250);
 
 impl Committer {
-    /// Commits `batch` — one statement, or a transaction when it spawns children — retrying
-    /// a deadlock or a dropped connection a few times.
+    /// Commits `batch` — one statement, or a transaction when it spawns children or ends
+    /// rows of `gated` (whose slots it then hands on) — retrying a deadlock or a dropped
+    /// connection a few times. A hand-off that fails is given up: the batch commits again
+    /// without it.
     async fn commit_batch(
         &self,
         held: &mut Held,
         batch: &[Commit<'_>],
         notify: &[String],
-    ) -> Result<Committed> {
+        gated: &[Freed],
+    ) -> Result<(Committed, Vec<(String, Claimed)>)> {
         let mut tries = 0;
+        let mut hand = !gated.is_empty();
         loop {
             let attempt = async {
-                fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
+                fail::fail_point!("gd::before_commit", |_| Err(
+                    injected("before commit").into()
+                ));
                 let conn = match held {
                     Some(c) => c,
                     None => held.insert(self.db.pool.acquire().await?),
                 };
                 let (node, now) = (&self.node_id, self.db.now());
                 let pooler = self.db.pooler;
-                let fenced = if outcome::needs_transaction(batch)
+                let done = if hand
+                    || outcome::needs_transaction(batch)
                     || self.db.set_isolation
                     || pooler.unnamed()
                 {
                     let mut tx = conn.begin_with(BEGIN_READ_COMMITTED).await?;
                     let fenced =
                         outcome::commit(pooler.on(&mut *tx), node, batch, notify, now).await?;
+                    let freed: Vec<Freed> = gated
+                        .iter()
+                        .filter(|f| hand && ended(&fenced, f.id))
+                        .cloned()
+                        .collect();
+                    let mut handed = Vec::new();
+                    if !freed.is_empty() {
+                        let params = self.handoffs.params(node, now);
+                        handed = handoff::handoff(pooler.on(&mut *tx), &params, &freed)
+                            .await
+                            .map_err(Failed::Handoff)?;
+                    }
                     tx.commit().await?;
-                    fenced
+                    (fenced, handed)
                 } else {
                     // One statement: it commits by itself.
-                    outcome::commit(pooler.on(&mut **conn), node, batch, notify, now).await?
+                    let fenced =
+                        outcome::commit(pooler.on(&mut **conn), node, batch, notify, now).await?;
+                    (fenced, Vec::new())
                 };
-                fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
-                Ok::<_, Error>(fenced)
+                fail::fail_point!("gd::after_commit", |_| Err(injected("after commit").into()));
+                Ok::<_, Failed>(done)
             };
             match attempt.await {
-                Ok(f) => return Ok(f),
+                Ok(done) => return Ok(done),
                 Err(e) => {
                     // The connection may be broken: close it rather than reuse it.
                     if let Some(c) = held.take() {
                         let _ = c.close().await;
                     }
+                    let e = match e {
+                        Failed::Commit(e) => e,
+                        Failed::Handoff(e) => {
+                            // The transaction rolled back, the outcomes with it: commit
+                            // them again, leaving the slots to the pickers' claims.
+                            tracing::warn!(target: "gen_durable::commit", error = %e,
+                                "the hand-off of gate slots failed; committing without it");
+                            hand = false;
+                            continue;
+                        }
+                    };
                     if tries < 5 && retryable(&e) {
                         tries += 1;
                         tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
@@ -288,6 +340,32 @@ impl Committer {
             }
         }
     }
+}
+
+/// Why an attempt at a group commit failed.
+enum Failed {
+    /// The commit's statements (or its connection).
+    Commit(Error),
+    /// The hand-off after them.
+    Handoff(Error),
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Self {
+        Failed::Commit(e)
+    }
+}
+
+impl From<sqlx::Error> for Failed {
+    fn from(e: sqlx::Error) -> Self {
+        Failed::Commit(e.into())
+    }
+}
+
+/// Whether the commit `done` ended the claim of `id`: its outcome was written and the row
+/// does not run ahead.
+fn ended(done: &Committed, id: i64) -> bool {
+    done.fenced.contains(&id) && !done.continued.contains(&id)
 }
 
 /// True for a database error that one row's values can cause (a data exception, an
@@ -455,7 +533,13 @@ impl Committer {
         queues.dedup();
         let notify = self.notifier.claim(queues);
         let started = std::time::Instant::now();
-        let verdicts = self.commit_isolating(&mut held, &pending, &notify).await;
+        let mut handed = Vec::new();
+        let mut verdicts = self
+            .commit_isolating(&mut held, &pending, &notify, &mut handed)
+            .await;
+        if !handed.is_empty() {
+            self.hand_on(&pending, &mut verdicts, handed).await;
+        }
         let committed = verdicts
             .iter()
             .filter(|v| matches!(v, Verdict::Reply(Ok(r)) if r.committed))
@@ -494,6 +578,7 @@ impl Committer {
         held: &mut Held,
         reqs: &[CommitRequest],
         notify: &[String],
+        handed: &mut Vec<(String, Claimed)>,
     ) -> Vec<Verdict> {
         let batch: Vec<Commit<'_>> = reqs
             .iter()
@@ -505,8 +590,22 @@ impl Committer {
                 keep_state: r.keep_state,
             })
             .collect();
-        match self.commit_batch(held, &batch, notify).await {
-            Ok(done) => reqs
+        let gated: Vec<Freed> = reqs
+            .iter()
+            .filter_map(|r| {
+                let (gate, key) = r.gate_key.as_ref()?;
+                self.handoffs.open_for(&r.queue).then(|| Freed {
+                    id: r.id,
+                    queue: r.queue.to_string(),
+                    gate: gate.clone(),
+                    key: key.clone(),
+                })
+            })
+            .collect();
+        match self.commit_batch(held, &batch, notify, &gated).await {
+            Ok((done, rows)) => {
+                handed.extend(rows);
+                reqs
                 .iter()
                 .map(|r| {
                     if done.deferred.contains(&r.id) {
@@ -515,11 +614,12 @@ impl Committer {
                         Verdict::Reply(Ok(CommitReply::of(&done, r.id)))
                     }
                 })
-                .collect(),
+                .collect()
+            }
             Err(e) if isolable(&e) && reqs.len() > 1 => {
                 let (a, b) = reqs.split_at(reqs.len() / 2);
-                let mut v = Box::pin(self.commit_isolating(held, a, notify)).await;
-                v.extend(Box::pin(self.commit_isolating(held, b, notify)).await);
+                let mut v = Box::pin(self.commit_isolating(held, a, notify, handed)).await;
+                v.extend(Box::pin(self.commit_isolating(held, b, notify, handed)).await);
                 v
             }
             Err(e) if isolable(&e) && !reqs[0].keep_state => {
@@ -534,9 +634,9 @@ impl Committer {
                     run_ahead: false,
                     keep_state: true,
                 }];
-                match self.commit_batch(held, &stop, notify).await {
-                    Ok(done) if done.deferred.contains(&r.id) => vec![Verdict::Deferred],
-                    Ok(done) => vec![Verdict::Reply(Ok(CommitReply::of(&done, r.id)))],
+                match self.commit_batch(held, &stop, notify, &[]).await {
+                    Ok((done, _)) if done.deferred.contains(&r.id) => vec![Verdict::Deferred],
+                    Ok((done, _)) => vec![Verdict::Reply(Ok(CommitReply::of(&done, r.id)))],
                     Err(e) => vec![Verdict::Reply(Err(Error::CommitFailed {
                         id: r.id,
                         reason: e.to_string(),
@@ -552,6 +652,50 @@ impl Committer {
                     }))
                 })
                 .collect(),
+        }
+    }
+}
+
+impl Committer {
+    /// Sends the rows a commit claimed into freed gate slots to their pickers, and marks
+    /// as handed off the outcomes whose slot went on (as many per key as rows took one),
+    /// so their pickers do not claim for them. Rows no picker takes any more (it stopped
+    /// claiming meanwhile) are released.
+    async fn hand_on(
+        &self,
+        reqs: &[CommitRequest],
+        verdicts: &mut [Verdict],
+        handed: Vec<(String, Claimed)>,
+    ) {
+        let mut taken: HashMap<(&str, &str, &str), usize> = HashMap::new();
+        for (queue, row) in &handed {
+            if let (Some(gate), Some(key)) = (&row.gate, &row.partition_key) {
+                *taken.entry((queue, gate, key)).or_default() += 1;
+            }
+        }
+        for (r, v) in reqs.iter().zip(verdicts.iter_mut()) {
+            let (Some((gate, key)), Verdict::Reply(Ok(reply))) = (&r.gate_key, v) else {
+                continue;
+            };
+            if !reply.committed || reply.continued {
+                continue;
+            }
+            if let Some(n) = taken.get_mut(&(&*r.queue, gate.as_str(), key.as_str())) {
+                if *n > 0 {
+                    *n -= 1;
+                    reply.handed_off = true;
+                }
+            }
+        }
+        let left = self.handoffs.deliver(handed);
+        if left.is_empty() {
+            return;
+        }
+        let leases: Vec<(i64, i64)> = left.iter().map(|r| (r.id, r.lease_epoch)).collect();
+        let (node, now) = (self.node_id.as_str(), self.db.now());
+        if let Err(e) = on_conn!(self.db, |c| lease::release(c, &leases, node, now)) {
+            tracing::warn!(target: "gen_durable::commit", error = %e,
+                "release of handed-off rows failed; they return when their leases expire");
         }
     }
 }

@@ -16,16 +16,25 @@ use crate::runtime::{KeyChange, Outcome, StepInput};
 use crate::store::pg::claim;
 use crate::telemetry::Event;
 
+/// How a claim ended, for its picker.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ended {
+    /// The delay of a committed `replay`, so the picker can pick it up on time rather
+    /// than at the next poll.
+    pub(crate) replay: Option<Duration>,
+    /// The gate slot it held went to its key's next row in the commit that ended it.
+    pub(crate) handed_off: bool,
+}
+
 /// Runs one claimed row's step and commits its outcome; with run-ahead, goes on with
-/// the next steps under the same claim while they return `next`. Returns the delay of a
-/// committed `replay`, so the runner can pick it up on time rather than at the next poll.
+/// the next steps under the same claim while they return `next`.
 pub(crate) async fn run_step(
     shared: Arc<Shared>,
     row: claim::Claimed,
     cancel: CancellationToken,
     draining: CancellationToken,
     queue: Arc<str>,
-) -> Option<Duration> {
+) -> Ended {
     let (id, epoch) = (row.id, row.lease_epoch);
     let resolved = match upgrade(&shared, &queue, row).await {
         Ok(upgraded) => upgraded,
@@ -39,7 +48,7 @@ pub(crate) async fn run_step(
             }
         },
     };
-    let replay_after = match resolved {
+    let ended = match resolved {
         Upgraded::Run(entry, row) => {
             let input = StepInput {
                 id,
@@ -56,10 +65,13 @@ pub(crate) async fn run_step(
             let key = (row.partition_key, row.gate);
             run_chain(&shared, &queue, entry, epoch, input, key, &draining).await
         }
-        Upgraded::Stop(delay) => delay,
+        Upgraded::Stop(delay) => Ended {
+            replay: delay,
+            handed_off: false,
+        },
     };
     shared.claims.unhold(id, epoch);
-    replay_after
+    ended
 }
 
 /// The steps one claim runs: one, or several with run-ahead.
@@ -71,7 +83,7 @@ async fn run_chain(
     mut input: StepInput,
     mut key: (Option<String>, Option<String>),
     draining: &CancellationToken,
-) -> Option<Duration> {
+) -> Ended {
     let id = input.id;
     loop {
         let step = input.step.clone();
@@ -118,9 +130,13 @@ async fn run_chain(
             key = (None, None);
         }
         let duration = output.duration;
+        let gate_key = match &key {
+            (Some(k), Some(g)) => Some((g.clone(), k.clone())),
+            _ => None,
+        };
         match shared
             .committer
-            .commit(queue, id, epoch, output, run_ahead)
+            .commit(queue, id, epoch, output, run_ahead, gate_key)
             .await
         {
             Ok(reply) if reply.committed => {
@@ -168,7 +184,12 @@ async fn run_chain(
                             ..StepInput::new(id, step, state, now)
                         };
                     }
-                    _ => return replay_after,
+                    _ => {
+                        return Ended {
+                            replay: replay_after,
+                            handed_off: reply.handed_off,
+                        }
+                    }
                 }
             }
             Ok(_) => {
@@ -178,12 +199,12 @@ async fn run_chain(
                     step,
                     kind,
                 });
-                return None;
+                return Ended::default();
             }
             Err(e) => {
                 tracing::error!(target: "gen_durable::step", id, error = %e,
                     "outcome not committed; the step will run again once its lease expires");
-                return None;
+                return Ended::default();
             }
         }
     }

@@ -50,6 +50,7 @@ mod collector;
 mod committer;
 mod config;
 mod executor;
+mod handoff;
 mod heartbeat;
 mod listener;
 mod picker;

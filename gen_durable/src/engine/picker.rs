@@ -1,6 +1,8 @@
 //! One queue on one node: the picker claims runnable rows into a local buffer and hands
 //! them to the executor as slots free up; at shutdown it drains. The picker owns its
 //! buffer and in-flight set; nothing is shared but the claims table the heartbeat reads.
+//! Rows a group commit claimed into the gate slots it freed come from the committer
+//! ([`Handed`]) and run before the buffer's.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -14,7 +16,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::executor::run_step;
+use crate::engine::executor::{run_step, Ended};
+use crate::engine::handoff::Handed;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Shared;
 use crate::engine::QueueConfig;
@@ -64,8 +67,13 @@ pub(crate) struct Picker {
     queue: Arc<Queue>,
     /// Claimed rows waiting for a free slot.
     buffer: VecDeque<claim::Claimed>,
-    /// The steps running, each returning the delay of a committed `replay`.
-    tasks: JoinSet<Option<Duration>>,
+    /// Rows a group commit claimed for this queue into gate slots it freed: they hold
+    /// their slots already, and run first.
+    handed: VecDeque<claim::Claimed>,
+    /// Where they come from, until the picker stops claiming.
+    handed_rx: Handed,
+    /// The steps running.
+    tasks: JoinSet<Ended>,
     running: HashMap<tokio::task::Id, Running>,
     claiming: Option<Claiming>,
     /// The poll interval now: doubles while claims come back empty.
@@ -79,11 +87,13 @@ pub(crate) struct Picker {
 }
 
 impl Picker {
-    pub(crate) fn new(queue: Queue) -> Self {
+    pub(crate) fn new(queue: Queue, handed_rx: Handed) -> Self {
         Picker {
             poll: queue.cfg.poll_interval,
             queue: Arc::new(queue),
             buffer: VecDeque::new(),
+            handed: VecDeque::new(),
+            handed_rx,
             tasks: JoinSet::new(),
             running: HashMap::new(),
             claiming: None,
@@ -121,6 +131,7 @@ impl Picker {
                     self.claimed(demand, got);
                 }
                 _ = q.wake.notified() => self.pick_now = true,
+                Some(rows) = self.handed_rx.recv() => self.take_handed(rows),
                 Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
                     self.finished(done).await;
                 }
@@ -138,15 +149,29 @@ impl Picker {
                 self.buffer.extend(pick.rows);
             }
         }
+        // No more handed-off rows (the committer releases what it cannot send): those sent
+        // already are released with the buffer.
+        self.handed_rx.close();
+        while let Ok(rows) = self.handed_rx.try_recv() {
+            self.take_handed(rows);
+        }
         self.drain(deadline).await
+    }
+
+    /// Rows a group commit claimed for this queue: held from now on, run first.
+    fn take_handed(&mut self, rows: Vec<claim::Claimed>) {
+        for r in &rows {
+            self.queue.shared.claims.hold(r.id, r.lease_epoch);
+        }
+        self.handed.extend(rows);
     }
 
     /// Starts a claim for the free slots, unless they are fewer than `min_demand`.
     fn start_claim(&mut self) {
         self.pick_now = false;
         let cfg = &self.queue.cfg;
-        let demand =
-            (cfg.concurrency + cfg.prefetch).saturating_sub(self.tasks.len() + self.buffer.len());
+        let demand = (cfg.concurrency + cfg.prefetch)
+            .saturating_sub(self.tasks.len() + self.buffer.len() + self.handed.len());
         if demand >= cfg.min_demand {
             let q = self.queue.clone();
             self.claiming = Some(Box::pin(async move { (demand, q.claim(demand).await) }));
@@ -192,24 +217,25 @@ impl Picker {
     /// is done by now, then refill their slots with one claim.
     async fn finished(
         &mut self,
-        done: std::result::Result<(tokio::task::Id, Option<Duration>), tokio::task::JoinError>,
+        done: std::result::Result<(tokio::task::Id, Ended), tokio::task::JoinError>,
     ) {
         tokio::task::yield_now().await;
         let mut done = Some(done);
         while let Some(d) = done.take().or_else(|| self.tasks.try_join_next_with_id()) {
-            let task_id = match d {
-                Ok((tid, replay)) => {
-                    if let Some(d) = replay {
+            let (task_id, handed_off) = match d {
+                Ok((tid, ended)) => {
+                    if let Some(d) = ended.replay {
                         let at = Instant::now() + d;
                         self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
                     }
-                    tid
+                    (tid, ended.handed_off)
                 }
-                Err(e) => e.id(),
+                Err(e) => (e.id(), false),
             };
             // A partition freed: the key's next row can run now, not at the next poll
-            // (a claim hands back all but one row of a key).
-            if self.running.remove(&task_id).is_some_and(|r| r.partitioned) {
+            // (a claim hands back all but one row of a key) — unless the commit that
+            // freed it handed its gate slot to that row already.
+            if self.running.remove(&task_id).is_some_and(|r| r.partitioned) && !handed_off {
                 self.pick_now = true;
             }
         }
@@ -220,7 +246,7 @@ impl Picker {
     fn dispatch(&mut self) {
         let q = &self.queue;
         while self.tasks.len() < q.cfg.concurrency {
-            let Some(row) = self.buffer.pop_front() else {
+            let Some(row) = self.handed.pop_front().or_else(|| self.buffer.pop_front()) else {
                 break;
             };
             let cancel = CancellationToken::new();
@@ -249,7 +275,9 @@ impl Picker {
     /// the deadline; then cancel them and release their rows.
     async fn drain(mut self, mut deadline: watch::Receiver<Option<Instant>>) -> QueueDrain {
         let q = self.queue.clone();
-        let buffered: Vec<(i64, i64)> = self.buffer.iter().map(|r| (r.id, r.lease_epoch)).collect();
+        let buffered: Vec<(i64, i64)> = (self.handed.iter().chain(&self.buffer))
+            .map(|r| (r.id, r.lease_epoch))
+            .collect();
         let released = q.release(&buffered).await;
         let in_flight = self.tasks.len();
         let until = loop {

@@ -87,7 +87,7 @@ pub(crate) async fn upgrade(
             };
             match shared
                 .committer
-                .commit(queue, id, epoch, output, false)
+                .commit(queue, id, epoch, output, false, None)
                 .await
             {
                 Ok(reply) if reply.committed => Upgraded::Stop(delay),
