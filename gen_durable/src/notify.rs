@@ -92,6 +92,19 @@ impl Notifier {
         allowed
     }
 
+    /// Wakes `queues` after the fact (no statement of the caller's sends it): at once for
+    /// a queue whose window allows it, else once at the end of its window.
+    pub(crate) fn wake<'q>(self: &Arc<Self>, queues: impl IntoIterator<Item = &'q str>) {
+        for queue in self.claim(queues) {
+            let me = self.clone();
+            self.tasks.spawn(async move {
+                if let Err(e) = notify_queue(me.pooler.pool(&me.pool), &queue).await {
+                    tracing::debug!(target: "gen_durable::notify", queue, error = %e, "wake-up failed; polling covers it");
+                }
+            });
+        }
+    }
+
     fn trailing(self: &Arc<Self>, queue: String, at: Instant) {
         let me = self.clone();
         self.tasks.spawn(async move {

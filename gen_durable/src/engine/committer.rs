@@ -33,6 +33,7 @@ use crate::engine::handoff::Handoffs;
 use crate::engine::service::ServiceHandle;
 use crate::engine::shared::{on_conn, Db, BEGIN_READ_COMMITTED};
 use crate::error::{Error, Result};
+use crate::kind::OutcomeKind;
 use crate::notify::Notifier;
 use crate::pool::can_spare;
 use crate::runtime::StepOutput;
@@ -93,10 +94,17 @@ pub(crate) struct CommitRequest {
     pub(crate) keep_state: bool,
     /// How many times it was deferred (its row or parent held by someone else).
     pub(crate) deferrals: u32,
-    /// The gate and key its claim holds a slot of, if any: when its outcome ends the
-    /// claim, the slot is handed to the key's next row.
-    pub(crate) gate_key: Option<(String, String)>,
+    /// The key its claim holds, if any: when its outcome ends the claim, a gate's slot
+    /// is handed to the key's next row, or else the queue is woken for it.
+    pub(crate) key: Option<HeldKey>,
     pub(crate) reply: oneshot::Sender<Result<CommitReply>>,
+}
+
+/// The key a claim holds: a K = 1 partition key, or a key of a gate.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldKey {
+    pub(crate) gate: Option<String>,
+    pub(crate) key: String,
 }
 
 /// What happened to one outcome.
@@ -147,7 +155,7 @@ impl CommitterHandle {
         epoch: i64,
         mut output: StepOutput,
         run_ahead: bool,
-        gate_key: Option<(String, String)>,
+        key: Option<HeldKey>,
     ) -> Result<CommitReply> {
         let mut keep_state = false;
         if let Some(tx) = output.tx.take() {
@@ -174,7 +182,7 @@ impl CommitterHandle {
             queue: queue.clone(),
             keep_state,
             deferrals: 0,
-            gate_key,
+            key,
             reply,
         };
         if self.tx.send(req).await.is_err() {
@@ -528,7 +536,13 @@ impl Committer {
         mut held: Held,
         pending: Vec<CommitRequest>,
     ) -> (Held, Vec<CommitRequest>) {
-        let mut queues: Vec<&str> = pending.iter().map(|r| &*r.queue).collect();
+        // The statement wakes a queue where a row of it becomes runnable: only an outcome
+        // that leads to a step can do that (a `done` or a `stop` is the end).
+        let mut queues: Vec<&str> = pending
+            .iter()
+            .filter(|r| !matches!(r.output.outcome.kind(), OutcomeKind::Done | OutcomeKind::Stop))
+            .map(|r| &*r.queue)
+            .collect();
         queues.sort_unstable();
         queues.dedup();
         let notify = self.notifier.claim(queues);
@@ -540,6 +554,7 @@ impl Committer {
         if !handed.is_empty() {
             self.hand_on(&pending, &mut verdicts, handed).await;
         }
+        self.wake_for_freed_keys(&pending, &verdicts);
         let committed = verdicts
             .iter()
             .filter(|v| matches!(v, Verdict::Reply(Ok(r)) if r.committed))
@@ -593,12 +608,13 @@ impl Committer {
         let gated: Vec<Freed> = reqs
             .iter()
             .filter_map(|r| {
-                let (gate, key) = r.gate_key.as_ref()?;
+                let held = r.key.as_ref()?;
+                let gate = held.gate.as_ref()?;
                 self.handoffs.open_for(&r.queue).then(|| Freed {
                     id: r.id,
                     queue: r.queue.to_string(),
                     gate: gate.clone(),
-                    key: key.clone(),
+                    key: held.key.clone(),
                 })
             })
             .collect();
@@ -657,6 +673,27 @@ impl Committer {
 }
 
 impl Committer {
+    /// Wakes the queues of the keys this commit freed and did not hand on: their next rows
+    /// may run now, on any node (this node's pickers know already).
+    fn wake_for_freed_keys(&self, reqs: &[CommitRequest], verdicts: &[Verdict]) {
+        let mut queues: Vec<&str> = reqs
+            .iter()
+            .zip(verdicts)
+            .filter(|(r, v)| {
+                r.key.is_some()
+                    && matches!(v, Verdict::Reply(Ok(reply))
+                        if reply.committed && !reply.continued && !reply.handed_off)
+            })
+            .map(|(r, _)| &*r.queue)
+            .collect();
+        if queues.is_empty() {
+            return;
+        }
+        queues.sort_unstable();
+        queues.dedup();
+        self.notifier.wake(queues);
+    }
+
     /// Sends the rows a commit claimed into freed gate slots to their pickers, and marks
     /// as handed off the outcomes whose slot went on (as many per key as rows took one),
     /// so their pickers do not claim for them. Rows no picker takes any more (it stopped
@@ -674,13 +711,16 @@ impl Committer {
             }
         }
         for (r, v) in reqs.iter().zip(verdicts.iter_mut()) {
-            let (Some((gate, key)), Verdict::Reply(Ok(reply))) = (&r.gate_key, v) else {
+            let (Some(held), Verdict::Reply(Ok(reply))) = (&r.key, v) else {
+                continue;
+            };
+            let Some(gate) = &held.gate else {
                 continue;
             };
             if !reply.committed || reply.continued {
                 continue;
             }
-            if let Some(n) = taken.get_mut(&(&*r.queue, gate.as_str(), key.as_str())) {
+            if let Some(n) = taken.get_mut(&(&*r.queue, gate.as_str(), held.key.as_str())) {
                 if *n > 0 {
                     *n -= 1;
                     reply.handed_off = true;

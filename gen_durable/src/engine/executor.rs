@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::engine::committer::HeldKey;
 use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::kind::OutcomeKind;
@@ -130,13 +131,13 @@ async fn run_chain(
             key = (None, None);
         }
         let duration = output.duration;
-        let gate_key = match &key {
-            (Some(k), Some(g)) => Some((g.clone(), k.clone())),
-            _ => None,
-        };
+        let held = key.0.as_ref().map(|k| HeldKey {
+            gate: key.1.clone(),
+            key: k.clone(),
+        });
         match shared
             .committer
-            .commit(queue, id, epoch, output, run_ahead, gate_key)
+            .commit(queue, id, epoch, output, run_ahead, held)
             .await
         {
             Ok(reply) if reply.committed => {
