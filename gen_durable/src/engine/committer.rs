@@ -161,7 +161,7 @@ impl CommitterHandle {
         if let Some(tx) = output.tx.take() {
             match self
                 .committer
-                .commit_own(queue, id, epoch, &output, run_ahead, tx)
+                .commit_own(queue, id, epoch, &output, run_ahead, key.as_ref(), tx)
                 .await
             {
                 Err(e) if isolable(&e) => {
@@ -204,7 +204,10 @@ impl Committer {
     /// Commits one outcome in the step's own transaction. An error aborts the transaction,
     /// and with it the writes the outcome was to commit with; the row runs again after its
     /// lease expires. A row someone else holds (deferred) is tried again in the same
-    /// transaction, backing off as the committer does.
+    /// transaction, backing off as the committer does. A gate slot the outcome frees is
+    /// handed on in the same transaction, as a group commit does (in a savepoint: a
+    /// hand-off that fails leaves the step's writes and outcome to commit without it).
+    #[allow(clippy::too_many_arguments)]
     async fn commit_own(
         &self,
         queue: &Arc<str>,
@@ -212,6 +215,7 @@ impl Committer {
         epoch: i64,
         output: &StepOutput,
         run_ahead: bool,
+        key: Option<&HeldKey>,
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     ) -> Result<CommitReply> {
         fail::fail_point!("gd::before_commit", |_| Err(injected("before commit")));
@@ -222,7 +226,11 @@ impl Committer {
             run_ahead,
             keep_state: false,
         }];
-        let notify = self.notifier.claim([&**queue]);
+        let notify = if may_run_again(output) {
+            self.notifier.claim([&**queue])
+        } else {
+            Vec::new()
+        };
         let started = std::time::Instant::now();
         let mut deferrals = 0;
         let done = loop {
@@ -244,14 +252,52 @@ impl Committer {
             tx.rollback().await.ok();
             return Ok(CommitReply::default());
         }
+        let gated = self.gated(queue, id, key);
+        let mut handed = Vec::new();
+        if let Some(freed) = gated.filter(|_| ended(&done, id)) {
+            let mut savepoint = tx.begin().await?;
+            let params = self.handoffs.params(&self.node_id, self.db.now());
+            let conn = self.db.pooler.on(&mut *savepoint);
+            match handoff::handoff(conn, &params, &[freed]).await {
+                Ok(rows) => {
+                    savepoint.commit().await?;
+                    handed = rows;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "gen_durable::commit", id, error = %e,
+                        "the hand-off of a gate slot failed; committing without it");
+                    savepoint.rollback().await?;
+                }
+            }
+        }
         tx.commit().await?;
         self.telemetry.emit(Event::CommitStop {
             duration: started.elapsed(),
             count: 1,
             committed: 1,
         });
+        let mut reply = CommitReply::of(&done, id);
+        reply.handed_off = !handed.is_empty();
+        if reply.handed_off {
+            self.deliver(handed).await;
+        } else if key.is_some() && ended(&done, id) {
+            self.notifier.wake([&**queue]);
+        }
         fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
-        Ok(CommitReply::of(&done, id))
+        Ok(reply)
+    }
+
+    /// The slot the claim of `id` holds, to hand on if its outcome ends the claim: when
+    /// it holds a gate's key and its queue's picker takes handed-off rows.
+    fn gated(&self, queue: &str, id: i64, key: Option<&HeldKey>) -> Option<Freed> {
+        let key = key?;
+        let gate = key.gate.as_ref()?;
+        self.handoffs.open_for(queue).then(|| Freed {
+            id,
+            queue: queue.to_string(),
+            gate: gate.clone(),
+            key: key.key.clone(),
+        })
     }
 }
 
@@ -307,6 +353,10 @@ impl Committer {
                         handed = handoff::handoff(pooler.on(&mut *tx), &params, &freed)
                             .await
                             .map_err(Failed::Handoff)?;
+                        // Outcomes and hand-off written, not committed.
+                        fail::fail_point!("gd::handoff", |_| Err(Failed::Handoff(injected(
+                            "in the hand-off"
+                        ))));
                     }
                     tx.commit().await?;
                     (fenced, handed)
@@ -368,6 +418,15 @@ impl From<sqlx::Error> for Failed {
     fn from(e: sqlx::Error) -> Self {
         Failed::Commit(e.into())
     }
+}
+
+/// Whether an outcome can make its row runnable, so that its commit wakes the row's
+/// queue: one that leads to a step (a `done` or a `stop` is the end).
+fn may_run_again(output: &StepOutput) -> bool {
+    !matches!(
+        output.outcome.kind(),
+        OutcomeKind::Done | OutcomeKind::Stop
+    )
 }
 
 /// Whether the commit `done` ended the claim of `id`: its outcome was written and the row
@@ -540,7 +599,7 @@ impl Committer {
         // that leads to a step can do that (a `done` or a `stop` is the end).
         let mut queues: Vec<&str> = pending
             .iter()
-            .filter(|r| !matches!(r.output.outcome.kind(), OutcomeKind::Done | OutcomeKind::Stop))
+            .filter(|r| may_run_again(&r.output))
             .map(|r| &*r.queue)
             .collect();
         queues.sort_unstable();
@@ -607,16 +666,7 @@ impl Committer {
             .collect();
         let gated: Vec<Freed> = reqs
             .iter()
-            .filter_map(|r| {
-                let held = r.key.as_ref()?;
-                let gate = held.gate.as_ref()?;
-                self.handoffs.open_for(&r.queue).then(|| Freed {
-                    id: r.id,
-                    queue: r.queue.to_string(),
-                    gate: gate.clone(),
-                    key: held.key.clone(),
-                })
-            })
+            .filter_map(|r| self.gated(&r.queue, r.id, r.key.as_ref()))
             .collect();
         match self.commit_batch(held, &batch, notify, &gated).await {
             Ok((done, rows)) => {
@@ -727,6 +777,11 @@ impl Committer {
                 }
             }
         }
+        self.deliver(handed).await;
+    }
+
+    /// Sends handed-off rows to their pickers, and releases those no picker takes.
+    async fn deliver(&self, handed: Vec<(String, Claimed)>) {
         let left = self.handoffs.deliver(handed);
         if left.is_empty() {
             return;
