@@ -6,7 +6,9 @@
 //! - a flush of many `next` outcomes is a constant number of statements (10 vs 200
 //!   outcomes committed together): one, the call of `gd_commit_outcomes`;
 //! - a signal delivery is one statement, by id or by correlation key;
-//! - an explain is one statement by id, two by key (the key's lookup, then the row).
+//! - an explain is one statement by id, two by key (the key's lookup, then the row);
+//! - a drain of one-step instances sends no wake-up (nothing it commits becomes runnable);
+//! - a hot gate key's slots are handed on by the commits that free them, not claimed again.
 //!
 //! How: `gen_durable_testkit::statements::StatementLog` records every statement sqlx
 //! logs. TestDb's pool turns logging off, so the engine here runs on a second pool
@@ -333,5 +335,84 @@ fn an_explain_is_one_statement_by_id_and_two_by_key() {
         }
         pool.close().await;
         db.close().await;
+    });
+}
+
+/// Runs `k` one-step instances through an engine of `concurrency`, the rows inserted by
+/// `insert`; returns the statements the engine sent from its start to its shutdown.
+async fn drain_of<F, Fut>(k: usize, concurrency: usize, rec: &StatementLog, insert: F) -> Vec<Statement>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let db = TestDb::new().await;
+    insert(Client::new(db.pool().clone()).with_registry(registry())).await;
+    let pool = logged_pool(&db, 8).await;
+    rec.take();
+    let engine = engine(&pool, concurrency, &Commits::default()).await;
+    eventually(60, "every instance done", || async {
+        done_count(db.pool()).await == k as i64
+    })
+    .await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    let seen = rec.take();
+    pool.close().await;
+    db.close().await;
+    seen
+}
+
+/// A `done` makes nothing runnable, so the commits of a drain wake no queue: no NOTIFY
+/// of their own and none sent after them. (Before, every commit within 20 ms of another
+/// left a wake-up for the end of the window, and each woke this node's picker for a
+/// claim: 30–40 per second of a drain, and with a hot gate key each claim read past the
+/// key's whole backlog.)
+#[test]
+fn a_drain_of_one_step_instances_sends_no_wake_up() {
+    counted(|rec| async move {
+        let k = 300;
+        let seen = drain_of(k, 8, &rec, |gd| async move {
+            let rows = (0..k).map(|_| gen_durable::Entry::<Noop>::new(Count::default()));
+            gd.insert_all::<Noop>(rows).await.unwrap();
+        })
+        .await;
+        let applies = seen.iter().filter(|s| s.kind == "apply").count();
+        assert!(applies > 10, "many commits: {applies}");
+        let notifies: Vec<&Statement> = seen.iter().filter(|s| s.kind == "notify").collect();
+        assert!(notifies.is_empty(), "{applies} commits sent {notifies:?}");
+    });
+}
+
+/// Every slot of a hot gate key is handed on inside the commit that frees it: the key's
+/// next row is claimed by that commit's transaction (`handoff`), so the picker claims
+/// the first K rows and, but for the last turns, never again.
+#[test]
+fn a_hot_gate_keys_slots_are_handed_on_by_the_commits_that_free_them() {
+    counted(|rec| async move {
+        let k = 200;
+        let seen = drain_of(k, 16, &rec, |gd| async move {
+            gd.set_gate("hot", gen_durable::Gate::new(4)).await.unwrap();
+            let rows = (0..k).map(|_| {
+                gen_durable::Entry::<Noop>::new(Count::default()).gate(("hot", "k"))
+            });
+            gd.insert_all::<Noop>(rows).await.unwrap();
+        })
+        .await;
+        let rows_of = |kind: &str| -> u64 {
+            seen.iter()
+                .filter(|s| s.kind == kind)
+                .map(|s| s.rows_returned)
+                .sum()
+        };
+        let (claimed, handed) = (rows_of("claim"), rows_of("handoff"));
+        assert_eq!(claimed + handed, k as u64, "each row claimed once");
+        assert!(
+            handed >= k as u64 - 8,
+            "{handed} rows handed on, {claimed} claimed"
+        );
+        let claims = seen
+            .iter()
+            .filter(|s| s.kind == "claim" && s.rows_returned > 0)
+            .count();
+        assert!(claims <= 3, "{claims} claims returned rows");
     });
 }

@@ -24,7 +24,8 @@ use tracing::{Event, Metadata, Subscriber};
 /// The kinds a marker may name, in the engine's statements of `gen_durable/src/store/pg`
 /// (and its setup, the CLI's reads, and its `BEGIN`):
 ///
-/// - `claim`: the pick; `fence`: the lock of a batch that spawns children; `apply`: the
+/// - `claim`: the pick; `handoff`: a group commit's claim of the rows that take the gate
+///   slots it freed; `fence`: the lock of a batch that spawns children; `apply`: the
 ///   group commit (`gd_commit_outcomes`); `insert`: inserting instances; `signal`: a
 ///   delivery; `wait`: a wait's reads and its client's probe; `notify`: a bare
 ///   wake-up of a queue;
@@ -41,6 +42,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `dashboard`: the web dashboard's own reads (`gen_durable --features dashboard`).
 pub const MARKED_KINDS: &[&str] = &[
     "claim",
+    "handoff",
     "gate",
     "rate_limit",
     "fence",

@@ -59,3 +59,168 @@ pub(crate) async fn handoff<'e>(
         .map(|r| Ok((r.try_get("queue")?, Claimed::from_row(r)?)))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gen_durable_testkit::TestDb;
+    use sqlx::PgConnection;
+
+    /// Rows of gate `g` (K = 3): key `k` runs three (slots 0, 1, 2, claimed by node `n`)
+    /// and has four waiting in queue `q`, then one in queue `other`, one of a version the
+    /// node does not run, and key `k2` one. Returns the ids of the three running.
+    async fn setup(c: &mut PgConnection) -> Vec<i64> {
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 3);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                       status, locked_by, lease_epoch, gate_slot,
+                                       lease_expires_at)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k', 'executing', 'n', 1, s - 1,
+                    now() + interval '1 minute'
+               FROM generate_series(1, 3) s;
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' FROM generate_series(1, 4);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             VALUES ('F', 1, 's', '{}', 'other', 'g', 'k'), ('F', 2, 's', '{}', 'q', 'g', 'k'),
+                    ('F', 1, 's', '{}', 'q', 'g', 'k2');",
+        )
+        .execute(&mut *c)
+        .await
+        .unwrap();
+        sqlx::query_scalar(
+            "SELECT id FROM gd_instances WHERE status = 'executing' ORDER BY gate_slot",
+        )
+        .fetch_all(&mut *c)
+        .await
+        .unwrap()
+    }
+
+    /// Ends `ids` as a commit does (out of `executing`, their slots left as they were),
+    /// then hands their slots on; returns the rows claimed, as (id, slot).
+    async fn end_and_hand_off(c: &mut PgConnection, ids: &[i64]) -> Vec<(i64, i16)> {
+        sqlx::query("UPDATE gd_instances SET status = 'done', locked_by = NULL WHERE id = ANY ($1)")
+            .bind(ids)
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        let freed: Vec<Freed> = ids
+            .iter()
+            .map(|&id| Freed {
+                id,
+                queue: "q".into(),
+                gate: "g".into(),
+                key: "k".into(),
+            })
+            .collect();
+        let params = HandoffParams {
+            names: &["F".to_string()],
+            versions: &[1],
+            node: "n",
+            lease_ttl_ms: 60_000,
+            now: None,
+        };
+        let rows = handoff(&mut *c, &params, &freed).await.unwrap();
+        let mut out = Vec::new();
+        for (queue, row) in rows {
+            assert_eq!(queue, "q");
+            assert_eq!(row.lease_epoch, 1, "a claim bumps the epoch");
+            let slot: i16 = sqlx::query_scalar(
+                "SELECT gate_slot FROM gd_instances
+                  WHERE id = $1 AND status = 'executing' AND locked_by = 'n'",
+            )
+            .bind(row.id)
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+            out.push((row.id, slot));
+        }
+        out
+    }
+
+    async fn executing(c: &mut PgConnection) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM gd_instances WHERE status = 'executing'")
+            .fetch_one(&mut *c)
+            .await
+            .unwrap()
+    }
+
+    /// Each slot freed goes to the next runnable row of the same queue, gate and key, in
+    /// pick order, and no further: the key runs as many as before. A row of another
+    /// queue, of a version the node does not run, or of another key is not taken.
+    #[tokio::test]
+    async fn each_freed_slot_goes_to_the_next_row_of_its_key_and_no_further() {
+        let db = TestDb::new().await;
+        let mut c = db.pool().acquire().await.unwrap();
+        let running = setup(&mut c).await;
+        let waiting: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM gd_instances
+              WHERE status = 'runnable' AND queue = 'q' AND fsm_version = 1 AND partition_key = 'k'
+              ORDER BY id",
+        )
+        .fetch_all(&mut *c)
+        .await
+        .unwrap();
+        let handed = end_and_hand_off(&mut c, &running[1..]).await;
+        assert_eq!(handed, [(waiting[0], 1), (waiting[1], 2)]);
+        assert_eq!(executing(&mut c).await, 3);
+
+        // The last two rows of the key take the next two slots; then nothing is left.
+        let handed = end_and_hand_off(&mut c, &[running[0], waiting[0], waiting[1]]).await;
+        let ids: Vec<i64> = handed.iter().map(|h| h.0).collect();
+        assert_eq!(ids, waiting[2..]);
+        let untouched: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM gd_instances WHERE status = 'runnable' AND lease_epoch = 0",
+        )
+        .fetch_one(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(untouched, 3, "the other queue's, version's and key's rows");
+        drop(c);
+        db.close().await;
+    }
+
+    /// A gate made smaller while its rows run keeps only the slots below its new size:
+    /// the key's rows go down to it as they end. A row that still runs (ahead, under
+    /// the same claim) frees nothing, and a paused queue takes nothing.
+    #[tokio::test]
+    async fn a_smaller_gate_a_running_row_and_a_paused_queue_hand_nothing_on() {
+        let db = TestDb::new().await;
+        let mut c = db.pool().acquire().await.unwrap();
+        let running = setup(&mut c).await;
+        sqlx::query("UPDATE gd_gates SET size = 1")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        assert_eq!(end_and_hand_off(&mut c, &running[1..]).await, []);
+        assert_eq!(executing(&mut c).await, 1);
+
+        let params = HandoffParams {
+            names: &["F".to_string()],
+            versions: &[1],
+            node: "n",
+            lease_ttl_ms: 60_000,
+            now: None,
+        };
+        let still = Freed {
+            id: running[0],
+            queue: "q".into(),
+            gate: "g".into(),
+            key: "k".into(),
+        };
+        let rows = handoff(&mut *c, &params, &[still]).await.unwrap();
+        assert!(rows.is_empty(), "a running row holds its slot");
+
+        sqlx::query("INSERT INTO gd_queue_pauses (queue) VALUES ('q')")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        assert_eq!(end_and_hand_off(&mut c, &running[..1]).await, []);
+        sqlx::query("DELETE FROM gd_queue_pauses")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        assert_eq!(executing(&mut c).await, 0);
+        drop(c);
+        db.close().await;
+    }
+}
