@@ -340,7 +340,12 @@ fn an_explain_is_one_statement_by_id_and_two_by_key() {
 
 /// Runs `k` one-step instances through an engine of `concurrency`, the rows inserted by
 /// `insert`; returns the statements the engine sent from its start to its shutdown.
-async fn drain_of<F, Fut>(k: usize, concurrency: usize, rec: &StatementLog, insert: F) -> Vec<Statement>
+async fn drain_of<F, Fut>(
+    k: usize,
+    concurrency: usize,
+    rec: &StatementLog,
+    insert: F,
+) -> Vec<Statement>
 where
     F: FnOnce(Client) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -391,9 +396,8 @@ fn a_hot_gate_keys_slots_are_handed_on_by_the_commits_that_free_them() {
         let k = 200;
         let seen = drain_of(k, 16, &rec, |gd| async move {
             gd.set_gate("hot", gen_durable::Gate::new(4)).await.unwrap();
-            let rows = (0..k).map(|_| {
-                gen_durable::Entry::<Noop>::new(Count::default()).gate(("hot", "k"))
-            });
+            let rows = (0..k)
+                .map(|_| gen_durable::Entry::<Noop>::new(Count::default()).gate(("hot", "k")));
             gd.insert_all::<Noop>(rows).await.unwrap();
         })
         .await;

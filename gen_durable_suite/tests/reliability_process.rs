@@ -574,6 +574,78 @@ async fn slots_of_a_killed_worker_come_back_within_lease_plus_reaper() {
     db.close().await;
 }
 
+/// A worker killed inside a commit that hands a gate slot on (its step's write, its
+/// outcome and the claim of the key's next row written, not committed) loses nothing and
+/// commits nothing twice: all of it rolls back together, the reaper returns the slot, and
+/// every row runs to its end with its write committed once.
+#[tokio::test]
+async fn a_worker_killed_inside_a_hand_off_of_gate_slots_commits_each_outcome_once() {
+    use gen_durable_suite::fsms::{create_span_table, Keyed, KeyedWork};
+    let (db, gd, url) = setup().await;
+    create_span_table(db.pool()).await.unwrap();
+    gd.set_gate("api", gen_durable::Gate::new(2)).await.unwrap();
+    let rows = (0..6).map(|_| {
+        gen_durable::Entry::<Keyed>::new(KeyedWork {
+            key: "k".into(),
+            ms: 0,
+        })
+        .gate(("api", "k"))
+    });
+    gd.insert_all::<Keyed>(rows).await.unwrap();
+    let a = Worker::start(&url, "handoff-a", FAST, Some("gd::handoff=1*sleep(20000)")).await;
+    eventually(20, "a commit asleep inside its hand-off", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE state = 'idle in transaction' AND query LIKE '/* gd:handoff */%'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    // The sleeping commit's transaction holds its step's span, its outcome and the row
+    // it handed its slot to: none of it is visible.
+    let spans_before = count(db.pool(), "SELECT count(*) FROM gd_spans").await;
+    let done_before = count(
+        db.pool(),
+        "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+    )
+    .await;
+    assert_eq!(
+        spans_before, done_before,
+        "each committed outcome has its span"
+    );
+    a.kill().await;
+    let b = Worker::start(&url, "handoff-b", FAST, None).await;
+    eventually(30, "all six done", || async {
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE status = 'done'",
+        )
+        .await
+            == 6
+    })
+    .await;
+    assert_eq!(
+        count(db.pool(), "SELECT count(*) FROM gd_spans").await,
+        6,
+        "each step's write committed once, with its outcome"
+    );
+    assert!(
+        count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances WHERE reaps > 0"
+        )
+        .await
+            >= 1,
+        "the row of the killed commit came back through the reaper"
+    );
+    let overlap = max_overlap_per_key(&db).await;
+    assert!(overlap.iter().all(|(_, n)| *n <= 2), "{overlap:?}");
+    b.kill().await;
+    db.close().await;
+}
+
 #[tokio::test]
 async fn a_fan_out_of_a_thousand_survives_kills_during_the_spawn_commit_and_the_fan_in() {
     use gen_durable_suite::fsms::{Fan, FanParent};

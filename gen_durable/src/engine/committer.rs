@@ -262,6 +262,8 @@ impl Committer {
                 Ok(rows) => {
                     savepoint.commit().await?;
                     handed = rows;
+                    // Outcome, the step's writes and hand-off written, not committed.
+                    fail::fail_point!("gd::handoff", |_| Err(injected("in the hand-off")));
                 }
                 Err(e) => {
                     tracing::warn!(target: "gen_durable::commit", id, error = %e,
@@ -423,10 +425,7 @@ impl From<sqlx::Error> for Failed {
 /// Whether an outcome can make its row runnable, so that its commit wakes the row's
 /// queue: one that leads to a step (a `done` or a `stop` is the end).
 fn may_run_again(output: &StepOutput) -> bool {
-    !matches!(
-        output.outcome.kind(),
-        OutcomeKind::Done | OutcomeKind::Stop
-    )
+    !matches!(output.outcome.kind(), OutcomeKind::Done | OutcomeKind::Stop)
 }
 
 /// Whether the commit `done` ended the claim of `id`: its outcome was written and the row
@@ -671,16 +670,15 @@ impl Committer {
         match self.commit_batch(held, &batch, notify, &gated).await {
             Ok((done, rows)) => {
                 handed.extend(rows);
-                reqs
-                .iter()
-                .map(|r| {
-                    if done.deferred.contains(&r.id) {
-                        Verdict::Deferred
-                    } else {
-                        Verdict::Reply(Ok(CommitReply::of(&done, r.id)))
-                    }
-                })
-                .collect()
+                reqs.iter()
+                    .map(|r| {
+                        if done.deferred.contains(&r.id) {
+                            Verdict::Deferred
+                        } else {
+                            Verdict::Reply(Ok(CommitReply::of(&done, r.id)))
+                        }
+                    })
+                    .collect()
             }
             Err(e) if isolable(&e) && reqs.len() > 1 => {
                 let (a, b) = reqs.split_at(reqs.len() / 2);

@@ -98,11 +98,13 @@ mod tests {
     /// Ends `ids` as a commit does (out of `executing`, their slots left as they were),
     /// then hands their slots on; returns the rows claimed, as (id, slot).
     async fn end_and_hand_off(c: &mut PgConnection, ids: &[i64]) -> Vec<(i64, i16)> {
-        sqlx::query("UPDATE gd_instances SET status = 'done', locked_by = NULL WHERE id = ANY ($1)")
-            .bind(ids)
-            .execute(&mut *c)
-            .await
-            .unwrap();
+        sqlx::query(
+            "UPDATE gd_instances SET status = 'done', locked_by = NULL WHERE id = ANY ($1)",
+        )
+        .bind(ids)
+        .execute(&mut *c)
+        .await
+        .unwrap();
         let freed: Vec<Freed> = ids
             .iter()
             .map(|&id| Freed {
