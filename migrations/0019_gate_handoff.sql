@@ -42,16 +42,22 @@ AS $handoff$
 #variable_conflict use_column
 BEGIN
 RETURN QUERY
-WITH freed AS (
+WITH ended AS (
     -- The slots the caller's rows held and no longer hold (`p_ids` are rows whose outcome
-    -- this transaction committed; `p_gates` and `p_keys` the gate key each was claimed in).
-    SELECT f.queue, f.gate, f.key, array_agg(i.gate_slot ORDER BY i.gate_slot) AS slots
+    -- this transaction committed; `p_gates` and `p_keys` the gate key each was claimed in),
+    -- by primary key.
+    SELECT f.queue, f.gate, f.key, array_agg(i.gate_slot) AS slots
       FROM unnest(p_ids, p_queues, p_gates, p_keys) f(id, queue, gate, key)
       JOIN gd_instances i ON i.id = f.id
-      JOIN gd_gates g ON g.name = f.gate
-     WHERE i.status <> 'executing' AND i.gate_slot < g.size
-       AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = f.queue)
+     WHERE i.status <> 'executing'
      GROUP BY f.queue, f.gate, f.key
+), freed AS MATERIALIZED (
+    -- Per key, those below the gate's size now, of a queue not paused.
+    SELECT e.queue, e.gate, e.key,
+           ARRAY(SELECT s FROM unnest(e.slots) s WHERE s < g.size ORDER BY s) AS slots
+      FROM ended e
+      JOIN gd_gates g ON g.name = e.gate
+     WHERE NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = e.queue)
 ), picked AS MATERIALIZED (
     SELECT n.id, k.slots,
            row_number() OVER (PARTITION BY k.queue, k.gate, k.key
