@@ -18,7 +18,9 @@
 //! What is exported (names as Prometheus shows them):
 //! - `gen_durable_step_duration_seconds{fsm,step,kind}` (histogram) and
 //!   `gen_durable_steps_total{fsm,kind}`: each committed step, by outcome kind;
-//! - `gen_durable_picks_total{queue}`, `gen_durable_picked_rows_total{queue}`;
+//! - `gen_durable_picks_total{queue}`, `gen_durable_picked_rows_total{queue}`,
+//!   `gen_durable_handed_off_rows_total{queue}` (rows claimed by a commit into the gate
+//!   slots it freed);
 //! - `gen_durable_commits_total`, `gen_durable_committed_outcomes_total`,
 //!   `gen_durable_commit_duration_seconds` (histogram): group commits;
 //! - `gen_durable_saturation{queue}` (steps running / concurrency) and
@@ -90,6 +92,10 @@ pub fn record(event: &Event) {
         Event::PickStop { count, queue, .. } => {
             counter!("gen_durable_picks_total", "queue" => queue.clone()).increment(1);
             counter!("gen_durable_picked_rows_total", "queue" => queue.clone())
+                .increment(*count as u64);
+        }
+        Event::GateHandoff { count, queue } => {
+            counter!("gen_durable_handed_off_rows_total", "queue" => queue.clone())
                 .increment(*count as u64);
         }
         Event::CommitStop {

@@ -11,6 +11,7 @@
 //! | `scheduler.drain` | `released, in_flight`; `queue` |
 //! | `partition.contended` | `count`; `id, fsm, partition_key` (rows of a busy key handed back by a pick, or a claim retried after losing a race on a key; rows the pick skips because their key is executing elsewhere are not counted) |
 //! | `concurrency.throttled` | `wanted, admitted`; `gate, key, queue`: a pick found more rows of a gate key than the key had free slots and handed the rest back untouched (no attempt counted); rows of a key already full are skipped by the pick and not counted |
+//! | `concurrency.handoff` | `count`; `queue`: rows a group commit claimed into the gate slots it freed (each the next runnable row of its key), handed to this queue's picker |
 //! | `rate_limit.throttled` | `wanted, admitted`; `limit, key, queue`: a pick found rows of a rate-limit key whose tokens were not there yet and deferred them (each reserved its tokens and runs when they are due; no attempt counted) |
 //! | `reaper.reaped` | `count`; `ids` |
 //! | `lease.heartbeat` | `held, extended`; `cancelled` (ids): one heartbeat of a node holding leases |
@@ -110,6 +111,14 @@ pub enum Event {
         /// The key within it.
         key: String,
         /// The queue picked.
+        queue: String,
+    },
+    /// A group commit claimed rows into the gate slots it freed (each the next runnable
+    /// row of the same key) and handed them to this queue's picker.
+    GateHandoff {
+        /// Rows handed to the picker.
+        count: usize,
+        /// The queue.
         queue: String,
     },
     /// A pick deferred rows of a rate-limit key until their reserved tokens are due.
@@ -328,6 +337,8 @@ impl Telemetry {
             } => tracing::debug!(
                 target: "gen_durable::concurrency", wanted, admitted, gate, key, queue,
                 "concurrency.throttled"),
+            Event::GateHandoff { count, queue } => tracing::trace!(
+                target: "gen_durable::concurrency", count, queue, "concurrency.handoff"),
             Event::RateLimitThrottled {
                 wanted,
                 admitted,

@@ -160,9 +160,14 @@ impl Picker {
 
     /// Rows a group commit claimed for this queue: held from now on, run first.
     fn take_handed(&mut self, rows: Vec<claim::Claimed>) {
+        let q = &self.queue;
         for r in &rows {
-            self.queue.shared.claims.hold(r.id, r.lease_epoch);
+            q.shared.claims.hold(r.id, r.lease_epoch);
         }
+        q.shared.telemetry.emit(Event::GateHandoff {
+            count: rows.len(),
+            queue: q.name.to_string(),
+        });
         self.handed.extend(rows);
     }
 
