@@ -8,10 +8,10 @@
 -- took 3-4 ms: a slot of a hot key was busy ~14 ms a turn for a step of ~7, and one hot
 -- gate of K = 256 drained at 0.60x the ungated rate.
 --
--- It needs no lock on the gate and no count of the key's slots: it reuses only slots this
--- transaction freed, which no other transaction can see free before it commits, and only
--- those below the gate's size now (a gate made smaller keeps fewer). The unique index over
--- the executing rows' slots stays the guarantee. Rows are locked with SKIP LOCKED, so the
+-- It needs no lock on the gate: it reuses only slots this transaction freed, which no
+-- other transaction can see free before it commits, and only those below the gate's size
+-- now, within the key's room (a gate made smaller admits nothing until fewer than its new
+-- size run). The unique index over the executing rows' slots stays the guarantee. Rows are locked with SKIP LOCKED, so the
 -- hand-off never waits, and it takes only what a claim would: runnable, due, of a
 -- version the node runs, of a queue not paused, and owing no tokens (a row whose rate
 -- limit must still be paid is left to the claim, which debits its bucket).
@@ -52,9 +52,14 @@ WITH ended AS (
      WHERE i.status <> 'executing'
      GROUP BY f.queue, f.gate, f.key
 ), freed AS MATERIALIZED (
-    -- Per key, those below the gate's size now, of a queue not paused.
+    -- Per key of a queue not paused, those below the gate's size now, and no more than
+    -- the key's room: after a gate was made smaller, no row is admitted until fewer than
+    -- its new size run (the claim's rule).
     SELECT e.queue, e.gate, e.key,
-           ARRAY(SELECT s FROM unnest(e.slots) s WHERE s < g.size ORDER BY s) AS slots
+           (ARRAY(SELECT s FROM unnest(e.slots) s WHERE s < g.size ORDER BY s))
+               [1:g.size - (SELECT count(*) FROM gd_instances x
+                             WHERE x.status = 'executing' AND x.gate = e.gate
+                               AND x.partition_key = e.key)] AS slots
       FROM ended e
       JOIN gd_gates g ON g.name = e.gate
      WHERE NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = e.queue)

@@ -181,20 +181,31 @@ mod tests {
         db.close().await;
     }
 
-    /// A gate made smaller while its rows run keeps only the slots below its new size:
-    /// the key's rows go down to it as they end. A row that still runs (ahead, under
-    /// the same claim) frees nothing, and a paused queue takes nothing.
+    /// A gate made smaller while its rows run admits nothing until fewer than its new size
+    /// run, as the claim does: a slot below the new size is handed on only then. A row
+    /// that still runs (ahead, under the same claim) frees nothing, and a paused queue
+    /// takes nothing.
     #[tokio::test]
     async fn a_smaller_gate_a_running_row_and_a_paused_queue_hand_nothing_on() {
         let db = TestDb::new().await;
         let mut c = db.pool().acquire().await.unwrap();
         let running = setup(&mut c).await;
-        sqlx::query("UPDATE gd_gates SET size = 1")
+        sqlx::query("UPDATE gd_gates SET size = 2")
             .execute(&mut *c)
             .await
             .unwrap();
-        assert_eq!(end_and_hand_off(&mut c, &running[1..]).await, []);
+        assert_eq!(
+            end_and_hand_off(&mut c, &running[..1]).await,
+            [],
+            "two still run: the new size"
+        );
+        let handed = end_and_hand_off(&mut c, &running[2..]).await;
+        assert_eq!(handed, [], "slot 2 is beyond the new size");
         assert_eq!(executing(&mut c).await, 1);
+        let handed = end_and_hand_off(&mut c, &running[1..2]).await;
+        assert_eq!(handed.len(), 1, "slot 1 is below it, and one runs");
+        assert_eq!(handed[0].1, 1);
+        let running: Vec<i64> = vec![handed[0].0];
 
         let params = HandoffParams {
             names: &["F".to_string()],
