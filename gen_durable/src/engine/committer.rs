@@ -18,7 +18,6 @@
 //! their queue's picker ([`Handoffs`]), so a hot key's slot is never free between a commit
 //! and the next claim.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::engine::handoff::Handoffs;
 use crate::engine::service::ServiceHandle;
-use crate::engine::shared::{on_conn, Db, BEGIN_READ_COMMITTED};
+use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
 use crate::error::{Error, Result};
 use crate::kind::OutcomeKind;
 use crate::notify::Notifier;
@@ -39,7 +38,6 @@ use crate::pool::can_spare;
 use crate::runtime::StepOutput;
 use crate::store::pg::claim::Claimed;
 use crate::store::pg::handoff::{self, Freed};
-use crate::store::pg::lease;
 use crate::store::pg::outcome::{self, Commit, Committed};
 use crate::telemetry::{Event, Telemetry};
 
@@ -288,19 +286,6 @@ impl Committer {
         fail::fail_point!("gd::after_commit", |_| Err(injected("after commit")));
         Ok(reply)
     }
-
-    /// The slot the claim of `id` holds, to hand on if its outcome ends the claim: when
-    /// it holds a gate's key and its queue's picker takes handed-off rows.
-    fn gated(&self, queue: &str, id: i64, key: Option<&HeldKey>) -> Option<Freed> {
-        let key = key?;
-        let gate = key.gate.as_ref()?;
-        self.handoffs.open_for(queue).then(|| Freed {
-            id,
-            queue: queue.to_string(),
-            gate: gate.clone(),
-            key: key.key.clone(),
-        })
-    }
 }
 
 /// A committer's connection, kept while commits follow each other (no pool acquire, and
@@ -373,22 +358,21 @@ impl Committer {
             };
             match attempt.await {
                 Ok(done) => return Ok(done),
-                Err(e) => {
+                Err(Failed::Handoff(e)) => {
+                    // The transaction rolls back, the outcomes with it (sqlx sends the
+                    // ROLLBACK first thing on this connection, which stays: closing it
+                    // could leave its locks held a moment, and the next attempt would
+                    // find its own rows locked): commit them again, leaving the slots to
+                    // the pickers' claims.
+                    tracing::warn!(target: "gen_durable::commit", error = %e,
+                        "the hand-off of gate slots failed; committing without it");
+                    hand = false;
+                }
+                Err(Failed::Commit(e)) => {
                     // The connection may be broken: close it rather than reuse it.
                     if let Some(c) = held.take() {
                         let _ = c.close().await;
                     }
-                    let e = match e {
-                        Failed::Commit(e) => e,
-                        Failed::Handoff(e) => {
-                            // The transaction rolled back, the outcomes with it: commit
-                            // them again, leaving the slots to the pickers' claims.
-                            tracing::warn!(target: "gen_durable::commit", error = %e,
-                                "the hand-off of gate slots failed; committing without it");
-                            hand = false;
-                            continue;
-                        }
-                    };
                     if tries < 5 && retryable(&e) {
                         tries += 1;
                         tracing::debug!(target: "gen_durable::commit", error = %e, tries, "retrying commit");
@@ -720,81 +704,8 @@ impl Committer {
     }
 }
 
-impl Committer {
-    /// Wakes the queues of the keys this commit freed and did not hand on: their next rows
-    /// may run now, on any node (this node's pickers know already).
-    fn wake_for_freed_keys(&self, reqs: &[CommitRequest], verdicts: &[Verdict]) {
-        let mut queues: Vec<&str> = reqs
-            .iter()
-            .zip(verdicts)
-            .filter(|(r, v)| {
-                r.key.is_some()
-                    && matches!(v, Verdict::Reply(Ok(reply))
-                        if reply.committed && !reply.continued && !reply.handed_off)
-            })
-            .map(|(r, _)| &*r.queue)
-            .collect();
-        if queues.is_empty() {
-            return;
-        }
-        queues.sort_unstable();
-        queues.dedup();
-        self.notifier.wake(queues);
-    }
-
-    /// Sends the rows a commit claimed into freed gate slots to their pickers, and marks
-    /// as handed off the outcomes whose slot went on (as many per key as rows took one),
-    /// so their pickers do not claim for them. Rows no picker takes any more (it stopped
-    /// claiming meanwhile) are released.
-    async fn hand_on(
-        &self,
-        reqs: &[CommitRequest],
-        verdicts: &mut [Verdict],
-        handed: Vec<(String, Claimed)>,
-    ) {
-        let mut taken: HashMap<(&str, &str, &str), usize> = HashMap::new();
-        for (queue, row) in &handed {
-            if let (Some(gate), Some(key)) = (&row.gate, &row.partition_key) {
-                *taken.entry((queue, gate, key)).or_default() += 1;
-            }
-        }
-        for (r, v) in reqs.iter().zip(verdicts.iter_mut()) {
-            let (Some(held), Verdict::Reply(Ok(reply))) = (&r.key, v) else {
-                continue;
-            };
-            let Some(gate) = &held.gate else {
-                continue;
-            };
-            if !reply.committed || reply.continued {
-                continue;
-            }
-            if let Some(n) = taken.get_mut(&(&*r.queue, gate.as_str(), held.key.as_str())) {
-                if *n > 0 {
-                    *n -= 1;
-                    reply.handed_off = true;
-                }
-            }
-        }
-        self.deliver(handed).await;
-    }
-
-    /// Sends handed-off rows to their pickers, and releases those no picker takes.
-    async fn deliver(&self, handed: Vec<(String, Claimed)>) {
-        let left = self.handoffs.deliver(handed);
-        if left.is_empty() {
-            return;
-        }
-        let leases: Vec<(i64, i64)> = left.iter().map(|r| (r.id, r.lease_epoch)).collect();
-        let (node, now) = (self.node_id.as_str(), self.db.now());
-        if let Err(e) = on_conn!(self.db, |c| lease::release(c, &leases, node, now)) {
-            tracing::warn!(target: "gen_durable::commit", error = %e,
-                "release of handed-off rows failed; they return when their leases expire");
-        }
-    }
-}
-
 /// What became of one outcome of a batch.
-enum Verdict {
+pub(super) enum Verdict {
     Reply(Result<CommitReply>),
     /// Its row or parent was held by someone else: try again.
     Deferred,
