@@ -14,7 +14,9 @@
 -- size run). The unique index over the executing rows' slots stays the guarantee. Rows are locked with SKIP LOCKED, so the
 -- hand-off never waits, and it takes only what a claim would: runnable, due, of a
 -- version the node runs, of a queue not paused, and owing no tokens (a row whose rate
--- limit must still be paid is left to the claim, which debits its bucket).
+-- limit must still be paid is left to the claim, which debits its bucket) — and no row
+-- is handed a slot while a row of a higher priority that a claim would take waits in its
+-- queue. Within a priority, a freed slot goes to its own key's next row first.
 
 -- The runnable rows of each gate key, in pick order: the hand-off reads the next rows of
 -- one key without reading past the rest of its queue. Gated rows only.
@@ -64,7 +66,8 @@ WITH ended AS (
       JOIN gd_gates g ON g.name = e.gate
      WHERE NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = e.queue)
 ), picked AS MATERIALIZED (
-    SELECT n.id, k.slots,
+    -- The key's next rows, as many as its slots, in pick order.
+    SELECT n.id, n.priority, n.eligible_at, k.queue, k.gate, k.key, k.slots,
            row_number() OVER (PARTITION BY k.queue, k.gate, k.key
                               ORDER BY n.priority, n.eligible_at, n.id) AS rn
       FROM freed k
@@ -79,9 +82,38 @@ WITH ended AS (
          ORDER BY i.priority, i.eligible_at, i.id
          LIMIT cardinality(k.slots)
            FOR NO KEY UPDATE SKIP LOCKED) n
+), bar AS (
+    -- Priorities first: the highest-priority row of the queue, above the key's candidates,
+    -- that a claim would take (due, of a version the node runs, not of a K = 1 key running
+    -- now, not of a full gate key). Only candidates of its priority or higher are handed
+    -- their slots; the others are left to the picker's claim, which takes that row first.
+    -- Within a priority a freed slot goes to its own key's next row. (Only rows of a
+    -- higher priority are read, none in the usual case of one priority.)
+    SELECT l.queue, l.gate, l.key, b.priority
+      FROM (SELECT p.queue, p.gate, p.key, max(p.priority) AS priority
+              FROM picked p GROUP BY p.queue, p.gate, p.key) l
+     CROSS JOIN LATERAL (
+        SELECT h.priority
+          FROM gd_instances h
+         WHERE h.queue = l.queue
+           AND h.status = 'runnable'
+           AND h.priority < l.priority
+           AND h.eligible_at <= coalesce(p_now, now())
+           AND (h.fsm, h.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions))
+           AND NOT EXISTS (SELECT 1 FROM gd_instances e
+                            WHERE e.partition_key = h.partition_key AND e.status = 'executing'
+                              AND e.gate IS NULL AND h.gate IS NULL)
+           AND NOT coalesce((SELECT count(*) FROM gd_instances e
+                              WHERE e.status = 'executing' AND e.gate = h.gate
+                                AND e.partition_key = h.partition_key)
+                            >= (SELECT g.size FROM gd_gates g WHERE g.name = h.gate), false)
+         ORDER BY h.priority, h.eligible_at, h.id
+         LIMIT 1) b
 ), chosen AS (
     SELECT array_agg(p.id ORDER BY p.id) AS ids, array_agg(p.slots[p.rn] ORDER BY p.id) AS slots
       FROM picked p
+      LEFT JOIN bar b ON b.queue = p.queue AND b.gate = p.gate AND b.key = p.key
+     WHERE b.priority IS NULL OR p.priority <= b.priority
 ), claimed AS (
     UPDATE gd_instances i
        SET status = 'executing', locked_by = p_node, lease_epoch = i.lease_epoch + 1,

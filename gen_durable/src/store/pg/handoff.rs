@@ -181,6 +181,54 @@ mod tests {
         db.close().await;
     }
 
+    /// Priorities first: a freed slot is not handed to the key's next row while a row of
+    /// a higher priority that a claim would take waits in the queue (here an ungated
+    /// row); the picker's claim takes that row, and the slot stays free for the claim to
+    /// count. Rows a claim would skip do not hold the hand-off back: one of a K = 1 key
+    /// that runs, one of a full gate key.
+    #[tokio::test]
+    async fn no_slot_is_handed_over_a_higher_priority_row_a_claim_would_take() {
+        let db = TestDb::new().await;
+        let mut c = db.pool().acquire().await.unwrap();
+        let running = setup(&mut c).await;
+        sqlx::raw_sql(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key)
+             VALUES ('F', 1, 's', '{}', 'q', -1, 'p');",
+        )
+        .execute(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(end_and_hand_off(&mut c, &running[..1]).await, []);
+
+        // Its key runs elsewhere: a claim would skip it, and so does the hand-off.
+        sqlx::raw_sql(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key,
+                                       status, locked_by, lease_epoch)
+             VALUES ('F', 1, 's', '{}', 'other', 'p', 'executing', 'm', 1);",
+        )
+        .execute(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(end_and_hand_off(&mut c, &running[1..2]).await.len(), 1);
+
+        // A row of a full gate key ahead does not hold it back either.
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g2', 1);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                       status, locked_by, lease_epoch, gate_slot)
+             VALUES ('F', 1, 's', '{}', 'other', 'g2', 'x', 'executing', 'm', 1, 0);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, gate,
+                                       partition_key)
+             VALUES ('F', 1, 's', '{}', 'q', -2, 'g2', 'x');",
+        )
+        .execute(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(end_and_hand_off(&mut c, &running[2..]).await.len(), 1);
+        drop(c);
+        db.close().await;
+    }
+
     /// A gate made smaller while its rows run admits nothing until fewer than its new size
     /// run, as the claim does: a slot below the new size is handed on only then. A row
     /// that still runs (ahead, under the same claim) frees nothing, and a paused queue
