@@ -114,14 +114,7 @@ mod tests {
                 key: "k".into(),
             })
             .collect();
-        let params = HandoffParams {
-            names: &["F".to_string()],
-            versions: &[1],
-            node: "n",
-            lease_ttl_ms: 60_000,
-            now: None,
-        };
-        let rows = handoff(&mut *c, &params, &freed).await.unwrap();
+        let rows = handoff(&mut *c, &params(), &freed).await.unwrap();
         let mut out = Vec::new();
         for (queue, row) in rows {
             assert_eq!(queue, "q");
@@ -137,6 +130,19 @@ mod tests {
             out.push((row.id, slot));
         }
         out
+    }
+
+    static NAMES: std::sync::LazyLock<[String; 1]> = std::sync::LazyLock::new(|| ["F".to_string()]);
+
+    /// Node `n`, which runs `F` version 1.
+    fn params() -> HandoffParams<'static> {
+        HandoffParams {
+            names: &*NAMES,
+            versions: &[1],
+            node: "n",
+            lease_ttl_ms: 60_000,
+            now: None,
+        }
     }
 
     async fn executing(c: &mut PgConnection) -> i64 {
@@ -255,20 +261,13 @@ mod tests {
         assert_eq!(handed[0].1, 1);
         let running: Vec<i64> = vec![handed[0].0];
 
-        let params = HandoffParams {
-            names: &["F".to_string()],
-            versions: &[1],
-            node: "n",
-            lease_ttl_ms: 60_000,
-            now: None,
-        };
         let still = Freed {
             id: running[0],
             queue: "q".into(),
             gate: "g".into(),
             key: "k".into(),
         };
-        let rows = handoff(&mut *c, &params, &[still]).await.unwrap();
+        let rows = handoff(&mut *c, &params(), &[still]).await.unwrap();
         assert!(rows.is_empty(), "a running row holds its slot");
 
         sqlx::query("INSERT INTO gd_queue_pauses (queue) VALUES ('q')")
