@@ -146,7 +146,11 @@ impl Drain {
 
         let tally = Arc::new(Mutex::new(Tally::default()));
         let seen = tally.clone();
-        let quick = QueueConfig::new(1).with_poll_interval(Duration::from_millis(5));
+        // One step at a time in the pick's order, as the in-memory kit runs them: no
+        // hand-off of gate slots, which would run a key's next row ahead of older rows.
+        let quick = QueueConfig::new(1)
+            .with_poll_interval(Duration::from_millis(5))
+            .with_gate_handoff(false);
         let mut builder = Engine::builder(self.pool.clone())
             .with_registry(registry)
             .with_timeout_interval(Duration::from_millis(5))

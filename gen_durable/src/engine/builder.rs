@@ -369,7 +369,11 @@ impl EngineBuilder {
             let wake = Arc::new(Notify::new());
             wakes.insert(name.clone(), wake.clone());
             let name: Arc<str> = Arc::from(name.as_str());
-            let handed = handoffs.open(&name);
+            let handed = if cfg.gate_handoff {
+                handoffs.open(&name)
+            } else {
+                Handoffs::closed()
+            };
             let picker = Picker::new(
                 Queue {
                     name,

@@ -25,6 +25,10 @@ pub struct QueueConfig {
     pub poll_interval: Duration,
     /// …doubling while picks come back empty, up to this (default 5 s).
     pub max_poll_interval: Duration,
+    /// A commit that frees a gate key's slot claims the key's next row into it for this
+    /// queue (default on; README, "Flow control"). Off: freed slots wait for the next
+    /// claim, and rows of one priority run in the pick's order across keys.
+    pub gate_handoff: bool,
 }
 
 impl QueueConfig {
@@ -36,7 +40,14 @@ impl QueueConfig {
             min_demand: 1,
             poll_interval: Duration::from_secs(1),
             max_poll_interval: Duration::from_secs(5),
+            gate_handoff: true,
         }
+    }
+
+    /// Sets `gate_handoff`.
+    pub fn with_gate_handoff(mut self, on: bool) -> Self {
+        self.gate_handoff = on;
+        self
     }
 
     /// Sets `prefetch`.

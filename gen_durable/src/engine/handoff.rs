@@ -48,6 +48,11 @@ impl Handoffs {
         rx
     }
 
+    /// A channel that never delivers: for a queue without the hand-off.
+    pub(crate) fn closed() -> Handed {
+        mpsc::unbounded_channel().1
+    }
+
     /// Whether `queue`'s picker takes handed-off rows now.
     pub(crate) fn open_for(&self, queue: &str) -> bool {
         self.queues
