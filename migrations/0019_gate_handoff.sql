@@ -1,9 +1,10 @@
 -- The hand-off of a gate key's slots (PERFORMANCE.md, "Flow control"; the committer in
 -- `gen_durable::engine::committer`, the statement in `gen_durable::store::pg::handoff`).
 --
--- A group commit that ends gated rows calls `gd_handoff` in its own transaction, after the
--- outcomes: each slot an ended row held goes at once to the next runnable row of the same
--- queue, gate and key, which is claimed into it for the node that committed. Without it a
+-- A commit that ends gated rows (a group commit, or a step's own transaction) calls
+-- `gd_handoff` in its transaction, after the outcomes: each slot an ended row held goes at
+-- once to the next runnable row of the same queue, gate and key, which is claimed into it
+-- for the node that committed (on queues with `QueueConfig::gate_handoff`, the default). Without it a
 -- freed slot stayed free until the node's next claim, which started after the commit and
 -- took 3-4 ms: a slot of a hot key was busy ~14 ms a turn for a step of ~7, and one hot
 -- gate of K = 256 drained at 0.60x the ungated rate.
@@ -11,8 +12,9 @@
 -- It needs no lock on the gate: it reuses only slots this transaction freed, which no
 -- other transaction can see free before it commits, and only those below the gate's size
 -- now, within the key's room (a gate made smaller admits nothing until fewer than its new
--- size run). The unique index over the executing rows' slots stays the guarantee. Rows are locked with SKIP LOCKED, so the
--- hand-off never waits, and it takes only what a claim would: runnable, due, of a
+-- size run). The unique index over the executing rows' slots stays the guarantee. Rows
+-- are locked with SKIP LOCKED, so the hand-off never waits, and it takes only what a
+-- claim would: runnable, due, of a
 -- version the node runs, of a queue not paused, and owing no tokens (a row whose rate
 -- limit must still be paid is left to the claim, which debits its bucket) — and no row
 -- is handed a slot while a row of a higher priority that a claim would take waits in its
