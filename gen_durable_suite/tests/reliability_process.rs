@@ -593,14 +593,22 @@ async fn a_worker_killed_inside_a_hand_off_of_gate_slots_commits_each_outcome_on
     });
     gd.insert_all::<Keyed>(rows).await.unwrap();
     let a = Worker::start(&url, "handoff-a", FAST, Some("gd::handoff=1*sleep(20000)")).await;
+    // The sleeping commit: a transaction of this database that has written and stays
+    // idle (its last statement is the hand-off's, or the savepoint's release after it in
+    // a step's own transaction; other commits pass through that state in microseconds).
+    // The failpoint's sleep blocks a thread of the worker's runtime, so another commit
+    // may be held up with it, also inside its hand-off: one or more.
     eventually(20, "a commit asleep inside its hand-off", || async {
         count(
             db.pool(),
             "SELECT count(*) FROM pg_stat_activity
-              WHERE state = 'idle in transaction' AND query LIKE '/* gd:handoff */%'",
+              WHERE datname = current_database() AND state = 'idle in transaction'
+                AND backend_xid IS NOT NULL
+                AND state_change < now() - interval '300 milliseconds'
+                AND (query LIKE '/* gd:handoff */%' OR query LIKE 'RELEASE SAVEPOINT%')",
         )
         .await
-            == 1
+            >= 1
     })
     .await;
     // The sleeping commit's transaction holds its step's span, its outcome and the row
