@@ -95,10 +95,11 @@ pub(super) const CLAIM_PLAIN: &str =
     "/* gd:claim */ SELECT * FROM gd_claim_plain($1, $2, $3, $4, $5, $6, $7)";
 
 /// The migrations that define the claim's functions, oldest first: 0015 made both, 0016
-/// replaced both.
-const FUNCTIONS: [&str; 2] = [
+/// replaced both, 0020 replaced `gd_claim`.
+const FUNCTIONS: [&str; 3] = [
     include_str!("../../../../migrations/0015_claim_functions.sql"),
     include_str!("../../../../migrations/0016_claim_plans.sql"),
+    include_str!("../../../../migrations/0020_flow_costs.sql"),
 ];
 
 /// The statement inside claim function `function` (`gd_claim` or `gd_claim_plain`) as its

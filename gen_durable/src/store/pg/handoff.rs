@@ -235,8 +235,9 @@ mod tests {
         db.close().await;
     }
 
-    /// A gate made smaller while its rows run admits nothing until fewer than its new size
-    /// run, as the claim does: a slot below the new size is handed on only then. A row
+    /// A gate made smaller while its rows run hands no slot on while a running row of the
+    /// key holds a slot at or above its new size (migration 0020; the claim, which counts,
+    /// admits the key's rows once fewer than the new size run). A row
     /// that still runs (ahead, under the same claim) frees nothing, and a paused queue
     /// takes nothing.
     #[tokio::test]
@@ -251,7 +252,7 @@ mod tests {
         assert_eq!(
             end_and_hand_off(&mut c, &running[..1]).await,
             [],
-            "two still run: the new size"
+            "slot 2, at the new size, still runs"
         );
         let handed = end_and_hand_off(&mut c, &running[2..]).await;
         assert_eq!(handed, [], "slot 2 is beyond the new size");
