@@ -86,6 +86,7 @@ conformance! {
     rate_limits::a_heavier_row_takes_more_tokens_and_waits_longer,
     rate_limits::a_row_cancelled_while_waiting_for_tokens_fails_and_keeps_the_others_times,
     rate_limits::a_rate_limit_admits_its_burst_then_one_row_per_token,
+    rate_limits::a_rate_limit_admits_the_same_while_a_gate_is_declared,
     explain::explain_gate_full_names_the_gate_and_its_use,
     explain::explain_rate_limited_says_when_its_tokens_are_due,
     rate_limits::a_replay_of_the_limited_step_pays_again,

@@ -5,13 +5,25 @@
 use std::time::Duration;
 
 use chrono::Duration as Span;
-use gen_durable::{Error, RateLimit, Status};
+use gen_durable::{Error, Gate, RateLimit, Status};
 use serde_json::json;
 
 use crate::backend::{Backend, Opts};
 use crate::fsms::*;
 
 pub async fn a_rate_limit_admits_its_burst_then_one_row_per_token<B: Backend>(b: &mut B) {
+    burst_then_one_row_per_token(b).await;
+}
+
+/// The same while a gate is declared (none of these rows names it): PostgreSQL's claim
+/// then takes the gates' path (`gd_claim`), not the one for rate limits alone
+/// (`gd_claim_rated`, migration 0020), and its tokens must come out the same.
+pub async fn a_rate_limit_admits_the_same_while_a_gate_is_declared<B: Backend>(b: &mut B) {
+    b.set_gate("conf-rl-gate", Gate::new(2)).await.unwrap();
+    burst_then_one_row_per_token(b).await;
+}
+
+async fn burst_then_one_row_per_token<B: Backend>(b: &mut B) {
     let t0 = b.now();
     // 2 a second, burst 3.
     let limit = RateLimit::per(2, Duration::from_secs(1)).burst(3);

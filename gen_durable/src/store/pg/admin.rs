@@ -53,7 +53,9 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
                               WHERE attrelid = to_regclass('gd_instances')
                                 AND attname = 'finished_at' AND NOT attisdropped)
                 THEN 'gd_instances.finished_at'
-            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'gd_claim_plain' END AS missing,
+            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'gd_claim_plain'
+            WHEN to_regproc('gd_handoff') IS NULL THEN 'gd_handoff'
+            WHEN to_regproc('gd_claim_rated') IS NULL THEN 'gd_claim_rated' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

@@ -67,8 +67,12 @@ pub(crate) fn millis(d: std::time::Duration) -> i64 {
 /// now: `gd_audit_prep` prints them as the probes' `prep.sql`.
 pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)> {
     let claim_types = "text, text[], int4[], int8, text, int8, timestamptz";
-    let claims = [("claim", "gd_claim"), ("claim_plain", "gd_claim_plain")]
-        .map(|(name, function)| (name, claim_types, Cow::Owned(claim::body(function))));
+    let claims = [
+        ("claim", "gd_claim"),
+        ("claim_rated", "gd_claim_rated"),
+        ("claim_plain", "gd_claim_plain"),
+    ]
+    .map(|(name, function)| (name, claim_types, Cow::Owned(claim::body(function))));
     let statements = [
         ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
