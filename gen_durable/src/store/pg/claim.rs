@@ -534,6 +534,62 @@ mod tests {
         db.close().await;
     }
 
+    /// While rate limits are declared and no gate is, the full claim hands its work to
+    /// `gd_claim_rated` (migration 0020), which takes the rate-limited row and debits its
+    /// bucket; once a gate is declared, `gd_claim` runs its own statement again. Which
+    /// function ran is read from the transaction's function counters.
+    #[tokio::test]
+    async fn the_full_claim_skips_the_gates_work_while_no_gate_is_declared() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO gd_rate_limits (name, per_second, burst) VALUES ('r', 1, 5);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, rate_limit,
+                                       rate_key, rate_weight, rate_step)
+             SELECT 'F', 1, 's', '{}', 'q', 'r', 'k', 1, 's' FROM generate_series(1, 2);",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        // Calls of `gd_claim_rated` this session has made and not yet reported (the view
+        // keeps them past the transaction's end until they are flushed).
+        let calls = "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_xact_user_functions
+                      WHERE funcname = 'gd_claim_rated'";
+        for gate in [false, true] {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+            sqlx::query("SET LOCAL track_functions = 'pl'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            if gate {
+                sqlx::query("INSERT INTO gd_gates (name, size) VALUES ('g', 1)")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
+            let before: i64 = sqlx::query_scalar(calls).fetch_one(&mut *tx).await.unwrap();
+            let pick = claim(&mut *tx, &claim_params("n1", 1, true)).await.unwrap();
+            let after: i64 = sqlx::query_scalar(calls).fetch_one(&mut *tx).await.unwrap();
+            assert_eq!(pick.rows.len(), 1, "gate {gate}: the rate-limited row");
+            let tokens: f64 = sqlx::query_scalar("SELECT tokens FROM gd_buckets")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            assert!(
+                (tokens - 4.0).abs() < 0.01,
+                "gate {gate}: {tokens} tokens left"
+            );
+            assert_eq!(
+                after - before,
+                i64::from(!gate),
+                "gate {gate}: gd_claim_rated calls"
+            );
+            tx.rollback().await.unwrap();
+        }
+        drop(conn);
+        db.close().await;
+    }
+
     /// Each claim function keeps the plan it made at its connection's first call, often on
     /// an empty table. Once 50,000 rows are in, unseen by any `ANALYZE` (autovacuum off,
     /// as between two of its runs), that plan still reads the batch through the pick
