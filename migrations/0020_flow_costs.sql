@@ -298,7 +298,7 @@ SET jit = off
 AS $claim$
 #variable_conflict use_column
 BEGIN
--- While no gate is declared, the claim without the gates' work (5 below).
+-- While no gate is declared, the claim without the gates' work (5 in the header).
 IF NOT EXISTS (SELECT 1 FROM gd_gates) THEN
     RETURN QUERY SELECT * FROM gd_claim_rated($1, $2, $3, $4, $5, $6, $7);
     RETURN;
