@@ -13,10 +13,11 @@
 //! Both call the store's `outcome::commit`; a batch the database refuses for one row's
 //! values is split until that row is alone, which then commits as `stop`.
 //!
-//! A group commit that ends rows of a gate key hands their slots on in its transaction:
-//! the key's next runnable rows are claimed into them (`store::pg::handoff`) and go to
-//! their queue's picker ([`Handoffs`]), so a hot key's slot is never free between a commit
-//! and the next claim.
+//! A group commit that ends rows of a gate key hands their slots on in its transaction
+//! (the same one statement, `outcome::commit_and_hand_off`, but for a batch that needs a
+//! transaction anyway): the key's next runnable rows are claimed into them
+//! (`store::pg::handoff`) and go to their queue's picker ([`Handoffs`]), so a hot key's
+//! slot is never free between a commit and the next claim.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -297,10 +298,12 @@ type Held = Option<PoolConnection<Postgres>>;
 const HOLD: Duration = Duration::from_millis(250);
 
 impl Committer {
-    /// Commits `batch` — one statement, or a transaction when it spawns children or ends
-    /// rows of `gated` (whose slots it then hands on) — retrying a deadlock or a dropped
-    /// connection a few times. A hand-off that fails is given up: the batch commits again
-    /// without it.
+    /// Commits `batch` — one statement, with the hand-off of the slots of the rows of
+    /// `gated` it ends, or a transaction when it spawns children (or the connection must
+    /// set its isolation, or the pooler takes no named statements) — retrying a deadlock
+    /// or a dropped connection a few times. A hand-off that fails is given up: the batch
+    /// commits again without it (any other error of the one statement is taken for the
+    /// hand-off's; if it was the apply's, the apply alone meets it again).
     async fn commit_batch(
         &self,
         held: &mut Held,
@@ -322,6 +325,32 @@ impl Committer {
                 let (node, now) = (&self.node_id, self.db.now());
                 let pooler = self.db.pooler;
                 let done = if hand
+                    && !outcome::needs_transaction(batch)
+                    && !self.db.set_isolation
+                    && !pooler.unnamed()
+                {
+                    // One statement: the apply and the hand-off, committing by itself.
+                    fail::fail_point!("gd::handoff", |_| Err(Failed::Handoff(injected(
+                        "in the hand-off"
+                    ))));
+                    let params = self.handoffs.params(node, now);
+                    outcome::commit_and_hand_off(
+                        pooler.on(&mut **conn),
+                        node,
+                        batch,
+                        notify,
+                        &params,
+                        gated,
+                    )
+                    .await
+                    .map_err(|e| {
+                        if retryable(&e) {
+                            Failed::Commit(e)
+                        } else {
+                            Failed::Handoff(e)
+                        }
+                    })?
+                } else if hand
                     || outcome::needs_transaction(batch)
                     || self.db.set_isolation
                     || pooler.unnamed()

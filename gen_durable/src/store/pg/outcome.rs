@@ -6,12 +6,16 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{FromRow, PgConnection, Postgres, Row};
 
 use crate::error::Result;
 use crate::kind::OutcomeKind;
 use crate::pooler::On;
 use crate::runtime::{NewInstance, Outcome, StepOutput, Transition};
+use crate::store::pg::claim::Claimed;
+use crate::store::pg::handoff::{Freed, HandoffParams};
 use crate::store::pg::insert::{gate_error, insert_with_parents};
 use crate::store::pg::millis;
 
@@ -53,6 +57,15 @@ const APPLY: &str = r#"/* gd:apply */
 SELECT committed, continued, at, deferred
   FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
                           $17, $18, $19, $20, $21, $22)
+"#;
+
+/// The apply and the hand-off of the slots it frees, in one statement: see
+/// [`commit_and_hand_off`]. An apply too (its first row is [`APPLY`]'s); the rows after
+/// it are the claims of the hand-off, as [`super::handoff::HANDOFF`] returns them.
+const COMMIT_HANDOFF: &str = r#"/* gd:apply */
+SELECT *
+  FROM gd_commit_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                         $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
 "#;
 
 /// The outcome children are inserted for: none if the instance was cancelled while the
@@ -133,41 +146,101 @@ pub(crate) async fn commit(
         });
     }
     let a = Arrays::of(&sorted, &spawned.per_parent);
-    let (committed, continued, at, later): (Vec<i64>, Vec<i64>, DateTime<Utc>, Vec<i64>) =
-        sqlx::query_as(APPLY)
-            .bind(node)
-            .bind(a.id)
-            .bind(a.epoch)
-            .bind(a.kind)
-            .bind(a.step)
-            .bind(a.state)
-            .bind(a.result)
-            .bind(a.error)
-            .bind(a.delay)
-            .bind(a.awaits)
-            .bind(a.children)
-            .bind(a.run_ahead)
-            .bind(a.consumed)
-            .bind(a.seen)
-            .bind(notify)
-            .bind(now)
-            .bind(a.moves.as_ref().map(|m| &m.keyed))
-            .bind(a.moves.as_ref().map(|m| &m.key))
-            .bind(a.moves.as_ref().map(|m| &m.gate))
-            .bind(a.moves.as_ref().map(|m| &m.rate_limit))
-            .bind(a.moves.as_ref().map(|m| &m.rate_key))
-            .bind(a.moves.as_ref().map(|m| &m.rate_weight))
-            .fetch_one(conn.again())
-            .await
-            .map_err(gate_error)?;
-    let mut deferred = spawned.deferred;
-    deferred.extend(later);
-    Ok(Committed {
-        fenced: committed.into_iter().collect(),
-        continued: continued.into_iter().collect(),
-        deferred,
-        now: Some(at),
-    })
+    let row = bind_apply(sqlx::query(APPLY), node, &a, notify, now)
+        .fetch_one(conn.again())
+        .await
+        .map_err(gate_error)?;
+    let mut done = Committed::of_row(&row)?;
+    done.deferred.extend(spawned.deferred);
+    Ok(done)
+}
+
+/// The group commit of a batch that ends rows of a gate key, with the hand-off of their
+/// slots, in one statement that commits by itself (`gd_commit_handoff`, migration 0021):
+/// the apply of [`commit`], then `gd_handoff` for the rows of `gated` the apply ended
+/// (written, and not run ahead). Not for a batch that spawns children (see
+/// [`needs_transaction`]). Returns what [`commit`] and [`super::handoff::handoff`] return.
+pub(crate) async fn commit_and_hand_off(
+    mut conn: On<&mut PgConnection>,
+    node: &str,
+    batch: &[Commit<'_>],
+    notify: &[String],
+    p: &HandoffParams<'_>,
+    gated: &[Freed],
+) -> Result<(Committed, Vec<(String, Claimed)>)> {
+    debug_assert!(!needs_transaction(batch));
+    let sorted = one_per_row(batch);
+    let a = Arrays::of(&sorted, &HashMap::new());
+    let ids: Vec<i64> = gated.iter().map(|f| f.id).collect();
+    let queues: Vec<&str> = gated.iter().map(|f| f.queue.as_str()).collect();
+    let gates: Vec<&str> = gated.iter().map(|f| f.gate.as_str()).collect();
+    let keys: Vec<&str> = gated.iter().map(|f| f.key.as_str()).collect();
+    let rows = bind_apply(sqlx::query(COMMIT_HANDOFF), node, &a, notify, p.now)
+        .bind(p.names)
+        .bind(p.versions)
+        .bind(p.lease_ttl_ms)
+        .bind(ids)
+        .bind(queues)
+        .bind(gates)
+        .bind(keys)
+        .fetch_all(conn.again())
+        .await
+        .map_err(gate_error)?;
+    let (first, handed) = rows.split_first().ok_or_else(|| sqlx::Error::RowNotFound)?;
+    let done = Committed::of_row(first)?;
+    let handed = handed
+        .iter()
+        .map(|r| Ok((r.try_get("queue")?, Claimed::from_row(r)?)))
+        .collect::<Result<_>>()?;
+    Ok((done, handed))
+}
+
+/// Binds the apply's arguments (`$1` to `$22` of [`APPLY`] and [`COMMIT_HANDOFF`]).
+fn bind_apply<'q>(
+    q: Query<'q, Postgres, PgArguments>,
+    node: &'q str,
+    a: &'q Arrays<'q>,
+    notify: &'q [String],
+    now: Option<DateTime<Utc>>,
+) -> Query<'q, Postgres, PgArguments> {
+    let moves = a.moves.as_ref();
+    q.bind(node)
+        .bind(&a.id)
+        .bind(&a.epoch)
+        .bind(&a.kind)
+        .bind(&a.step)
+        .bind(&a.state)
+        .bind(&a.result)
+        .bind(&a.error)
+        .bind(&a.delay)
+        .bind(&a.awaits)
+        .bind(&a.children)
+        .bind(&a.run_ahead)
+        .bind(&a.consumed)
+        .bind(&a.seen)
+        .bind(notify)
+        .bind(now)
+        .bind(moves.map(|m| &m.keyed))
+        .bind(moves.map(|m| &m.key))
+        .bind(moves.map(|m| &m.gate))
+        .bind(moves.map(|m| &m.rate_limit))
+        .bind(moves.map(|m| &m.rate_key))
+        .bind(moves.map(|m| &m.rate_weight))
+}
+
+impl Committed {
+    /// The apply's row: `committed`, `continued`, `at` and `deferred`.
+    fn of_row(row: &PgRow) -> Result<Self> {
+        let committed: Vec<i64> = row.try_get("committed")?;
+        let continued: Vec<i64> = row.try_get("continued")?;
+        let deferred: Vec<i64> = row.try_get("deferred")?;
+        Ok(Committed {
+            fenced: committed.into_iter().collect(),
+            continued: continued.into_iter().collect(),
+            deferred: deferred.into_iter().collect(),
+            now: Some(row.try_get("at")?),
+        })
+    }
 }
 
 /// What [`spawn_children`] did.
@@ -539,6 +612,112 @@ mod tests {
                 .unwrap();
             assert_eq!(left, 1, "the signal only the stale run consumed stays");
         }
+        db.close().await;
+    }
+
+    /// The group commit of gated rows in one statement (`gd_commit_handoff`): the apply,
+    /// then a slot handed on for each gated row it ended, and only those. Gate `g` (K = 4),
+    /// key `k`: rows 1–4 were claimed (slots 0–3, node `n1`, epoch 1), rows 5–9 wait. Row
+    /// 2's lease was then reaped: runnable again, its old slot number left on it. In the
+    /// batch: 1 ends (`done`); 2's outcome is stale (not written: its slot is not this
+    /// commit's to hand on, though the row no longer runs); 3 goes on to its next step as
+    /// run-ahead (still claimed, its slot kept); 4 is not in the batch.
+    #[tokio::test]
+    async fn a_gated_commit_hands_on_the_slots_of_the_rows_it_ended_and_no_other() {
+        let db = gen_durable_testkit::TestDb::new().await;
+        let p = db.pool();
+        sqlx::raw_sql(
+            "INSERT INTO gd_gates (name, size) VALUES ('g', 4);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
+                                       status, locked_by, lease_epoch, gate_slot,
+                                       lease_expires_at)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k', 'executing', 'n1', 1, s - 1,
+                    now() + interval '1 minute'
+               FROM generate_series(1, 4) s;
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
+             SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' FROM generate_series(1, 5);
+             UPDATE gd_instances SET status = 'runnable', locked_by = NULL,
+                                     lease_expires_at = NULL
+              WHERE id = 2;",
+        )
+        .execute(p)
+        .await
+        .unwrap();
+        let output = |outcome| StepOutput {
+            outcome,
+            state: serde_json::json!({}),
+            awaited: vec![],
+            error: None,
+            tx: None,
+            run_ahead: false,
+            transition: Transition::default(),
+            duration: std::time::Duration::ZERO,
+        };
+        let done = output(Outcome::Done {
+            result: serde_json::json!(1),
+        });
+        let next = output(Outcome::Next { step: "s" });
+        let c = |id, epoch, output, run_ahead| Commit {
+            id,
+            epoch,
+            output,
+            run_ahead,
+            keep_state: false,
+        };
+        let batch = [
+            c(1, 1, &done, false),
+            c(2, 1, &done, false),
+            c(3, 1, &next, true),
+        ];
+        let gated: Vec<Freed> = (1..=3)
+            .map(|id| Freed {
+                id,
+                queue: "q".into(),
+                gate: "g".into(),
+                key: "k".into(),
+            })
+            .collect();
+        let names = ["F".to_string()];
+        let params = HandoffParams {
+            names: &names,
+            versions: &[1],
+            node: "n1",
+            lease_ttl_ms: 60_000,
+            now: None,
+        };
+        let mut conn = p.acquire().await.unwrap();
+        let (got, handed) = commit_and_hand_off(
+            crate::Pooler::None.on(&mut *conn),
+            "n1",
+            &batch,
+            &[],
+            &params,
+            &gated,
+        )
+        .await
+        .unwrap();
+        drop(conn);
+        assert_eq!(got.fenced, HashSet::from([1, 3]));
+        assert_eq!(got.continued, HashSet::from([3]));
+        let handed: Vec<(String, i64, i64)> = handed
+            .into_iter()
+            .map(|(q, r)| (q, r.id, r.lease_epoch))
+            .collect();
+        // Row 1's slot, to the key's first row in pick order: row 2, claimed again.
+        assert_eq!(handed, vec![("q".to_string(), 2, 2)]);
+        let rows: Vec<(i64, String, Option<i16>)> = sqlx::query_as(
+            "SELECT id, status::text, gate_slot FROM gd_instances
+              WHERE status = 'executing' ORDER BY id",
+        )
+        .fetch_all(p)
+        .await
+        .unwrap();
+        assert_eq!(
+            rows,
+            [(2, 0), (3, 2), (4, 3)]
+                .map(|(id, slot)| (id, "executing".to_string(), Some(slot)))
+                .to_vec()
+        );
         db.close().await;
     }
 }
