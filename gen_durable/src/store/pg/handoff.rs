@@ -39,10 +39,7 @@ pub(crate) async fn handoff<'e>(
     p: &HandoffParams<'_>,
     freed: &[Freed],
 ) -> Result<Vec<(String, Claimed)>> {
-    let ids: Vec<i64> = freed.iter().map(|f| f.id).collect();
-    let queues: Vec<&str> = freed.iter().map(|f| f.queue.as_str()).collect();
-    let gates: Vec<&str> = freed.iter().map(|f| f.gate.as_str()).collect();
-    let keys: Vec<&str> = freed.iter().map(|f| f.key.as_str()).collect();
+    let (ids, queues, gates, keys) = columns(freed);
     let rows = sqlx::query(HANDOFF)
         .bind(p.names)
         .bind(p.versions)
@@ -58,6 +55,16 @@ pub(crate) async fn handoff<'e>(
     rows.iter()
         .map(|r| Ok((r.try_get("queue")?, Claimed::from_row(r)?)))
         .collect()
+}
+
+/// The rows of `freed` as the statements' parallel arrays: ids, queues, gates and keys.
+pub(super) fn columns(freed: &[Freed]) -> (Vec<i64>, Vec<&str>, Vec<&str>, Vec<&str>) {
+    (
+        freed.iter().map(|f| f.id).collect(),
+        freed.iter().map(|f| f.queue.as_str()).collect(),
+        freed.iter().map(|f| f.gate.as_str()).collect(),
+        freed.iter().map(|f| f.key.as_str()).collect(),
+    )
 }
 
 #[cfg(test)]

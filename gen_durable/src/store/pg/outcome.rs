@@ -15,7 +15,7 @@ use crate::kind::OutcomeKind;
 use crate::pooler::On;
 use crate::runtime::{NewInstance, Outcome, StepOutput, Transition};
 use crate::store::pg::claim::Claimed;
-use crate::store::pg::handoff::{Freed, HandoffParams};
+use crate::store::pg::handoff::{self, Freed, HandoffParams};
 use crate::store::pg::insert::{gate_error, insert_with_parents};
 use crate::store::pg::millis;
 
@@ -61,7 +61,7 @@ SELECT committed, continued, at, deferred
 
 /// The apply and the hand-off of the slots it frees, in one statement: see
 /// [`commit_and_hand_off`]. An apply too (its first row is [`APPLY`]'s); the rows after
-/// it are the claims of the hand-off, as [`super::handoff::HANDOFF`] returns them.
+/// it are the claims of the hand-off, as [`handoff::HANDOFF`] returns them.
 const COMMIT_HANDOFF: &str = r#"/* gd:apply */
 SELECT *
   FROM gd_commit_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
@@ -159,7 +159,7 @@ pub(crate) async fn commit(
 /// slots, in one statement that commits by itself (`gd_commit_handoff`, migration 0021):
 /// the apply of [`commit`], then `gd_handoff` for the rows of `gated` the apply ended
 /// (written, and not run ahead). Not for a batch that spawns children (see
-/// [`needs_transaction`]). Returns what [`commit`] and [`super::handoff::handoff`] return.
+/// [`needs_transaction`]). Returns what [`commit`] and [`handoff::handoff`] return.
 pub(crate) async fn commit_and_hand_off(
     mut conn: On<&mut PgConnection>,
     node: &str,
@@ -168,13 +168,16 @@ pub(crate) async fn commit_and_hand_off(
     p: &HandoffParams<'_>,
     gated: &[Freed],
 ) -> Result<(Committed, Vec<(String, Claimed)>)> {
-    debug_assert!(!needs_transaction(batch));
+    if needs_transaction(batch) {
+        // Its children would be left out: the caller commits it in a transaction instead.
+        return Err(crate::error::Error::CommitFailed {
+            id: 0,
+            reason: "a batch that spawns children commits in a transaction".into(),
+        });
+    }
     let sorted = one_per_row(batch);
     let a = Arrays::of(&sorted, &HashMap::new());
-    let ids: Vec<i64> = gated.iter().map(|f| f.id).collect();
-    let queues: Vec<&str> = gated.iter().map(|f| f.queue.as_str()).collect();
-    let gates: Vec<&str> = gated.iter().map(|f| f.gate.as_str()).collect();
-    let keys: Vec<&str> = gated.iter().map(|f| f.key.as_str()).collect();
+    let (ids, queues, gates, keys) = handoff::columns(gated);
     let rows = bind_apply(sqlx::query(COMMIT_HANDOFF), node, &a, notify, p.now)
         .bind(p.names)
         .bind(p.versions)
