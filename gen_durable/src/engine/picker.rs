@@ -257,13 +257,16 @@ impl Picker {
             let cancel = CancellationToken::new();
             let (id, epoch, partitioned) = (row.id, row.lease_epoch, row.partition_key.is_some());
             q.shared.claims.run(id, epoch, cancel.clone());
-            let handle = self.tasks.spawn(run_step(
+            // Boxed: the task then holds a pointer, not the step's future (~5 KB), so
+            // spawning it and storing its end copy a few bytes, not the whole future
+            // (those copies were ~15% of the engine's CPU in a drain; PERFORMANCE.md).
+            let handle = self.tasks.spawn(Box::pin(run_step(
                 q.shared.clone(),
                 row,
                 cancel.clone(),
                 q.draining.clone(),
                 q.name.clone(),
-            ));
+            )));
             self.running.insert(
                 handle.id(),
                 Running {
