@@ -1,5 +1,6 @@
 //! The chaos soak: N three-step instances over W worker processes while a random worker
-//! is SIGKILLed every 10–30 s and PostgreSQL is restarted every 30–60 s. Each step writes
+//! is SIGKILLed every 10–30 s and PostgreSQL is restarted every 30–60 s (every other
+//! restart a crash: immediate mode, recovery from the WAL). Each step writes
 //! an audit row through `ctx.transaction()`. Beside them, `--fans` parents of
 //! `--fan-children` parked children each, on which an operator signals children and
 //! cancels and retries parents and children at random while the processes die; once the chaos ends, every failed one is
@@ -90,7 +91,11 @@ async fn scalar(pool: &PgPool, sql: &str) -> i64 {
     }
 }
 
-fn restart_postgres() -> bool {
+/// Restarts PostgreSQL: with `crash`, in immediate mode (its processes are killed without
+/// a checkpoint and it recovers from the WAL on start, as after a power cut: commits that
+/// did not wait for their flush, the engine's claims, may be forgotten); otherwise in fast
+/// mode (sessions are told the server shuts down, and it writes a checkpoint).
+fn restart_postgres(crash: bool) -> bool {
     let Some(ver) = std::fs::read_dir("/etc/postgresql").ok().and_then(|d| {
         d.filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().to_string())
@@ -100,7 +105,9 @@ fn restart_postgres() -> bool {
         return false;
     };
     std::process::Command::new("pg_ctlcluster")
-        .args(["--skip-systemctl-redirect", &ver, "main", "restart"])
+        .args(["--skip-systemctl-redirect", "--mode"])
+        .arg(if crash { "immediate" } else { "fast" })
+        .args([&ver, "main", "restart"])
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
@@ -339,11 +346,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             next_kill = now + Duration::from_secs(rng.between(kill_min, kill_max));
         }
         if pg_restarts && now >= next_restart && open > 0 {
+            // Every other restart is a crash, the first one included.
+            let crash = restarts % 2 == 0;
             println!(
-                "soak: t={:.1}s restarting PostgreSQL",
-                started.elapsed().as_secs_f64()
+                "soak: t={:.1}s {} PostgreSQL",
+                started.elapsed().as_secs_f64(),
+                if crash { "crashing" } else { "restarting" }
             );
-            if restart_postgres() {
+            if restart_postgres(crash) {
                 restarts += 1;
             }
             next_restart = now + Duration::from_secs(rng.between(restart_min, restart_max));

@@ -56,7 +56,8 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regproc('gd_claim_plain') IS NULL THEN 'gd_claim_plain'
             WHEN to_regproc('gd_handoff') IS NULL THEN 'gd_handoff'
             WHEN to_regproc('gd_claim_rated') IS NULL THEN 'gd_claim_rated'
-            WHEN to_regproc('gd_commit_handoff') IS NULL THEN 'gd_commit_handoff' END AS missing,
+            WHEN to_regproc('gd_commit_handoff') IS NULL THEN 'gd_commit_handoff'
+            WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'gd_lease_epoch' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

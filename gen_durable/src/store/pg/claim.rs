@@ -8,6 +8,15 @@ use sqlx::{FromRow, PgExecutor, Row};
 use crate::ctx::{ChildInfo, Signal};
 use crate::error::Result;
 
+/// A `FROM` item that sets `synchronous_commit` off until the end of the statement's
+/// transaction: a call in the statement itself, since the `SET` clauses of the claim
+/// functions would undo a `SET LOCAL` made inside them when they return, before the commit.
+macro_rules! without_flush {
+    () => {
+        "set_config('synchronous_commit', 'off', true) AS without_flush"
+    };
+}
+
 /// Claims up to `$4` runnable rows of queue `$1` in one statement, and returns each with
 /// its inbox and children, so a pick is one round trip whatever its size.
 ///
@@ -83,7 +92,21 @@ use crate::error::Result;
 /// 0020): this statement without the gates' CTEs (`head`, `bound`, `free`, the full keys,
 /// the gates' lock), leaving rows that name a gate to the next pick. Their work cost a
 /// drain of rate-limited rows ~7% of its rate.
-pub(super) const CLAIM: &str = "/* gd:claim */ SELECT * FROM gd_claim($1, $2, $3, $4, $5, $6, $7)";
+///
+/// The claim commits without waiting for its WAL flush: `synchronous_commit` is off for
+/// its transaction (`without_flush!`). A claim is the one write of the engine that a
+/// server crash may forget without harm: the row is back as it was before it, runnable,
+/// and the worker that claimed it cannot commit its outcome (the fence), so its step runs
+/// again, as after a worker's crash. Every later commit of the row's outcome does wait,
+/// and its flush carries the claim's WAL with it. What a forgotten claim undoes besides:
+/// its attempt's count, its gate slot and the tokens it took (RELIABILITY.md, "What a
+/// server crash may forget"). Since migration 0022 an epoch is never given twice, even by
+/// a claim the crash forgot (`gd_lease_epoch`).
+pub(super) const CLAIM: &str = concat!(
+    "/* gd:claim */ SELECT c.* FROM ",
+    without_flush!(),
+    ", gd_claim($1, $2, $3, $4, $5, $6, $7) c"
+);
 
 /// [`CLAIM`] without gates and rate limits, for as long as none is declared: the function
 /// `gd_claim_plain`, which skips their CTEs (planned, they made a claim 5× as long to plan,
@@ -96,11 +119,15 @@ pub(super) const CLAIM: &str = "/* gd:claim */ SELECT * FROM gd_claim($1, $2, $3
 /// summary row when the engine should switch (this one when one is, `CLAIM` when none is),
 /// so a gate declared by another process is used from the next pick on. Otherwise the
 /// statement is `CLAIM`'s, whose comments explain it.
-pub(super) const CLAIM_PLAIN: &str =
-    "/* gd:claim */ SELECT * FROM gd_claim_plain($1, $2, $3, $4, $5, $6, $7)";
+pub(super) const CLAIM_PLAIN: &str = concat!(
+    "/* gd:claim */ SELECT c.* FROM ",
+    without_flush!(),
+    ", gd_claim_plain($1, $2, $3, $4, $5, $6, $7) c"
+);
 
 /// The migrations that define the claim's functions, oldest first: 0015 made both, 0016
-/// replaced both, 0020 replaced `gd_claim` and made `gd_claim_rated`.
+/// replaced both, 0020 replaced `gd_claim` and made `gd_claim_rated`. (0022 recreated all
+/// three from their definitions with a new epoch: [`body`] makes the same change.)
 const FUNCTIONS: [&str; 3] = [
     include_str!("../../../../migrations/0015_claim_functions.sql"),
     include_str!("../../../../migrations/0016_claim_plans.sql"),
@@ -127,7 +154,12 @@ pub(crate) fn body(function: &str) -> String {
         .unwrap_or_else(|| panic!("no function {function} in the claim's migrations"));
     let start = text.find("RETURN QUERY\n").expect("its RETURN QUERY") + "RETURN QUERY\n".len();
     let end = start + text[start..].find(";\nEND").expect("its END");
-    format!("/* gd:claim */\n{}", &text[start..end])
+    // Migration 0022 recreated each claim from its own definition with this one change.
+    let body = text[start..end].replace(
+        "lease_epoch = i.lease_epoch + 1,",
+        "lease_epoch = gd_lease_epoch(i.lease_epoch),",
+    );
+    format!("/* gd:claim */\n{body}")
 }
 
 /// One claimed row with its inbox and children.
@@ -649,6 +681,49 @@ mod tests {
                 by_id_after - by_id
             );
             tx.rollback().await.unwrap();
+        }
+        drop(conn);
+        db.close().await;
+    }
+
+    /// Both claims turn `synchronous_commit` off for their own transaction only: inside a
+    /// transaction it is off after the claim; on a pooled connection in autocommit, the
+    /// next statement finds it on again.
+    #[tokio::test]
+    async fn a_claim_commits_without_waiting_for_its_flush_and_leaves_the_session_as_it_was() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::query(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 4)",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let setting = "SELECT current_setting('synchronous_commit')";
+        for flow in [false, true] {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+            let rows = claim(&mut *tx, &claim_params("n1", 1, flow))
+                .await
+                .unwrap()
+                .rows;
+            assert_eq!(rows.len(), 1);
+            let inside: String = sqlx::query_scalar(setting)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            assert_eq!(inside, "off", "flow {flow}: in the claim's transaction");
+            tx.commit().await.unwrap();
+            let rows = claim(&mut *conn, &claim_params("n1", 1, flow))
+                .await
+                .unwrap()
+                .rows;
+            assert_eq!(rows.len(), 1);
+            let after: String = sqlx::query_scalar(setting)
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(after, "on", "flow {flow}: after an autocommitted claim");
         }
         drop(conn);
         db.close().await;

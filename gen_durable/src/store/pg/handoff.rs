@@ -125,7 +125,7 @@ mod tests {
         let mut out = Vec::new();
         for (queue, row) in rows {
             assert_eq!(queue, "q");
-            assert_eq!(row.lease_epoch, 1, "a claim bumps the epoch");
+            assert!(row.lease_epoch > 0, "a claim bumps the epoch");
             let slot: i16 = sqlx::query_scalar(
                 "SELECT gate_slot FROM gd_instances
                   WHERE id = $1 AND status = 'executing' AND locked_by = 'n'",

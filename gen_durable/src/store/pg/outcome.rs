@@ -618,6 +618,94 @@ mod tests {
         db.close().await;
     }
 
+    /// A claim commits without waiting for its WAL flush, so a server crash may forget
+    /// it while its worker runs the step. The crash is played here by putting the row back
+    /// as it was before the claim. The same node then claims the row again and gets a new
+    /// epoch (before migration 0022 it got the forgotten claim's, `old + 1`), so the
+    /// forgotten worker's outcome is refused by the fence and the live claim's commits.
+    /// No claim function is left that bumps the epoch by one.
+    #[tokio::test]
+    async fn a_claim_the_server_forgot_never_gives_its_epoch_again() {
+        let db = gen_durable_testkit::TestDb::new().await;
+        let p = db.pool();
+        let names = ["F".to_string()];
+        for flow in [false, true] {
+            let params = crate::store::pg::claim::ClaimParams {
+                queue: "q",
+                names: &names,
+                versions: &[1],
+                demand: 1,
+                node: "n1",
+                lease_ttl_ms: 30_000,
+                now: None,
+                flow,
+            };
+            let claim = || async { crate::store::pg::claim::claim(p, &params).await.unwrap() };
+            sqlx::query("TRUNCATE gd_instances RESTART IDENTITY CASCADE")
+                .execute(p)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+                 VALUES ('F', 1, 'a', '{}', 'q')",
+            )
+            .execute(p)
+            .await
+            .unwrap();
+            let forgotten = claim().await.rows.remove(0).lease_epoch;
+            sqlx::query(
+                "UPDATE gd_instances SET status = 'runnable', locked_by = NULL, lease_epoch = 0,
+                        lease_expires_at = NULL WHERE id = 1",
+            )
+            .execute(p)
+            .await
+            .unwrap();
+            let live = claim().await.rows.remove(0).lease_epoch;
+            assert_ne!(live, forgotten, "flow {flow}: the epoch was given twice");
+
+            let out = |by: &str| StepOutput {
+                outcome: Outcome::Next { step: "b" },
+                state: serde_json::json!({ "by": by }),
+                awaited: vec![],
+                error: None,
+                tx: None,
+                run_ahead: false,
+                transition: Transition::default(),
+                duration: std::time::Duration::ZERO,
+            };
+            let (old, new) = (out("forgotten"), out("live"));
+            for (epoch, output) in [(forgotten, &old), (live, &new)] {
+                let batch = [Commit {
+                    id: 1,
+                    epoch,
+                    output,
+                    run_ahead: false,
+                    keep_state: false,
+                }];
+                let mut conn = p.acquire().await.unwrap();
+                commit(crate::Pooler::None.on(&mut *conn), "n1", &batch, &[], None)
+                    .await
+                    .unwrap();
+            }
+            let by: String = sqlx::query_scalar("SELECT state->>'by' FROM gd_instances")
+                .fetch_one(p)
+                .await
+                .unwrap();
+            assert_eq!(
+                by, "live",
+                "flow {flow}: only the live claim's outcome commits"
+            );
+        }
+        let bumped_by_one: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%lease_epoch = i.lease_epoch + 1%'",
+        )
+        .fetch_one(p)
+        .await
+        .unwrap();
+        assert_eq!(bumped_by_one, 0);
+        db.close().await;
+    }
+
     /// The group commit of gated rows in one statement (`gd_commit_handoff`): the apply,
     /// then a slot handed on for each gated row it ended, and only those. Gate `g` (K = 4),
     /// key `k`: rows 1–4 were claimed (slots 0–3, node `n1`, epoch 1), rows 5–9 wait. Row
@@ -702,12 +790,10 @@ mod tests {
         drop(conn);
         assert_eq!(got.fenced, HashSet::from([1, 3]));
         assert_eq!(got.continued, HashSet::from([3]));
-        let handed: Vec<(String, i64, i64)> = handed
-            .into_iter()
-            .map(|(q, r)| (q, r.id, r.lease_epoch))
-            .collect();
+        assert!(handed.iter().all(|(_, r)| r.lease_epoch > 1), "a new epoch");
+        let handed: Vec<(String, i64)> = handed.into_iter().map(|(q, r)| (q, r.id)).collect();
         // Row 1's slot, to the key's first row in pick order: row 2, claimed again.
-        assert_eq!(handed, vec![("q".to_string(), 2, 2)]);
+        assert_eq!(handed, vec![("q".to_string(), 2)]);
         let rows: Vec<(i64, String, Option<i16>)> = sqlx::query_as(
             "SELECT id, status::text, gate_slot FROM gd_instances
               WHERE status = 'executing' ORDER BY id",
