@@ -347,7 +347,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         if pg_restarts && now >= next_restart && open > 0 {
             // Every other restart is a crash, the first one included.
-            let crash = restarts % 2 == 0;
+            let crash = restarts.is_multiple_of(2);
             println!(
                 "soak: t={:.1}s {} PostgreSQL",
                 started.elapsed().as_secs_f64(),
