@@ -93,12 +93,20 @@ pub(super) async fn explain_commit(
         .bind(Vec::<i64>::new())
         .bind(vec!["bench"])
         .bind(None::<chrono::DateTime<chrono::Utc>>)
+        // No transition: the keys and limits of the rows stay.
+        .bind(None::<Vec<bool>>)
+        .bind(None::<Vec<Option<String>>>)
+        .bind(None::<Vec<Option<String>>>)
+        .bind(None::<Vec<Option<String>>>)
+        .bind(None::<Vec<Option<String>>>)
+        .bind(None::<Vec<Option<f64>>>)
         .execute(&mut *tx)
         .await;
+    // The apply's own error first: after it, the transaction refuses every statement.
+    r?;
     sqlx::query("SET LOCAL auto_explain.log_min_duration = -1")
         .execute(&mut *tx)
         .await?;
-    r?;
     Ok(b.log.take_notices().join("\n"))
 }
 
