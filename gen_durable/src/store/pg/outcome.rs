@@ -485,18 +485,12 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap();
-        let done = StepOutput {
-            outcome: Outcome::Done {
+        let done = output(
+            Outcome::Done {
                 result: serde_json::json!(1),
             },
-            state: serde_json::json!({}),
-            awaited: vec![],
-            error: None,
-            tx: None,
-            run_ahead: false,
-            transition: Transition::default(),
-            duration: std::time::Duration::ZERO,
-        };
+            serde_json::json!({}),
+        );
         let reads = "SELECT pg_stat_get_xact_tuples_returned('gd_instances_parent'::regclass)
                           + pg_stat_get_xact_tuples_fetched('gd_instances_parent'::regclass)";
         // Several commits: the function's first calls plan for their values, later ones
@@ -560,18 +554,12 @@ mod tests {
             .await
             .unwrap();
 
-            let output = |outcome, by: &str| StepOutput {
-                outcome,
-                state: serde_json::json!({ "by": by }),
+            let of_run = |outcome, by: &str| StepOutput {
                 awaited: vec![signal],
-                error: None,
-                tx: None,
-                run_ahead: false,
-                transition: Transition::default(),
-                duration: std::time::Duration::ZERO,
+                ..output(outcome, serde_json::json!({ "by": by }))
             };
-            let stale = output(Outcome::Next { step: "ship" }, "stale");
-            let live = output(
+            let stale = of_run(Outcome::Next { step: "ship" }, "stale");
+            let live = of_run(
                 Outcome::Await {
                     names: vec!["paid".into()],
                     step: "ship",
@@ -663,16 +651,8 @@ mod tests {
             let live = claim().await.rows.remove(0).lease_epoch;
             assert_ne!(live, forgotten, "flow {flow}: the epoch was given twice");
 
-            let out = |by: &str| StepOutput {
-                outcome: Outcome::Next { step: "b" },
-                state: serde_json::json!({ "by": by }),
-                awaited: vec![],
-                error: None,
-                tx: None,
-                run_ahead: false,
-                transition: Transition::default(),
-                duration: std::time::Duration::ZERO,
-            };
+            let out =
+                |by: &str| output(Outcome::Next { step: "b" }, serde_json::json!({ "by": by }));
             let (old, new) = (out("forgotten"), out("live"));
             for (epoch, output) in [(forgotten, &old), (live, &new)] {
                 let batch = [Commit {
@@ -734,20 +714,13 @@ mod tests {
         .execute(p)
         .await
         .unwrap();
-        let output = |outcome| StepOutput {
-            outcome,
-            state: serde_json::json!({}),
-            awaited: vec![],
-            error: None,
-            tx: None,
-            run_ahead: false,
-            transition: Transition::default(),
-            duration: std::time::Duration::ZERO,
-        };
-        let done = output(Outcome::Done {
-            result: serde_json::json!(1),
-        });
-        let next = output(Outcome::Next { step: "s" });
+        let done = output(
+            Outcome::Done {
+                result: serde_json::json!(1),
+            },
+            serde_json::json!({}),
+        );
+        let next = output(Outcome::Next { step: "s" }, serde_json::json!({}));
         let c = |id, epoch, output, run_ahead| Commit {
             id,
             epoch,
@@ -808,5 +781,19 @@ mod tests {
                 .to_vec()
         );
         db.close().await;
+    }
+
+    /// A step's output of `outcome` with `state`, no signal seen, no transition.
+    fn output(outcome: Outcome, state: serde_json::Value) -> StepOutput {
+        StepOutput {
+            outcome,
+            state,
+            awaited: vec![],
+            error: None,
+            tx: None,
+            run_ahead: false,
+            transition: Transition::default(),
+            duration: std::time::Duration::ZERO,
+        }
     }
 }
