@@ -98,10 +98,10 @@ macro_rules! without_flush {
 /// server crash may forget without harm: the row is back as it was before it, runnable,
 /// and the worker that claimed it cannot commit its outcome (the fence), so its step runs
 /// again, as after a worker's crash. Every later commit of the row's outcome does wait,
-/// and its flush carries the claim's WAL with it. What a forgotten claim undoes besides:
-/// its attempt's count, its gate slot and the tokens it took (RELIABILITY.md, "What a
-/// server crash may forget"). Since migration 0022 an epoch is never given twice, even by
-/// a claim the crash forgot (`gd_lease_epoch`).
+/// and its flush carries the claim's WAL with it. A forgotten claim also frees its gate
+/// slot and the tokens it took (RELIABILITY.md, "What a server crash may forget"). Since
+/// migration 0022 an epoch is never given twice, even by a claim the crash forgot
+/// (`gd_lease_epoch`).
 pub(super) const CLAIM: &str = concat!(
     "/* gd:claim */ SELECT c.* FROM ",
     without_flush!(),
