@@ -783,6 +783,72 @@ mod tests {
         db.close().await;
     }
 
+    /// A run-ahead `next` that moves no key and takes no limit is written by the apply's
+    /// short path (migration 0024), which sets only what such an outcome changes; any other
+    /// outcome by the general one. Rows 1–4 start alike, claimed by `n1` at epoch 1, with
+    /// everything a step may leave on a row set (attempts, reaps, an error, awaits, its
+    /// step's rate limit, paid). In one batch, each gets a run-ahead `next` to step `b`:
+    /// 1 moving no key (the short path); 2 releasing its key, which it does not hold (the
+    /// general path, for the same result); 3 the same as 1, but its cancel was requested
+    /// (it must end as cancelled, not run ahead); 4 the same as 1 at a stale epoch (not
+    /// written).
+    #[tokio::test]
+    async fn a_run_ahead_next_writes_what_the_general_apply_writes() {
+        let db = gen_durable_testkit::TestDb::new().await;
+        let p = db.pool();
+        sqlx::raw_sql(
+            "INSERT INTO gd_rate_limits (name, per_second, burst) VALUES ('r', 10, 10);
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                       lease_epoch, lease_expires_at, eligible_at, attempt,
+                                       reaps, last_error, awaits, rate_limit, rate_key,
+                                       rate_weight, rate_step, rate_paid, cancel_requested)
+             SELECT 'F', 1, 'a', '{\"n\": 0}', 'q', 'executing', 'n1', 1,
+                    now() + interval '1 minute', now() - interval '1 hour', 2, 1, 'boom',
+                    '{x}', 'r', 'k', 1, 'a', true, s = 3
+               FROM generate_series(1, 4) s;",
+        )
+        .execute(p)
+        .await
+        .unwrap();
+        let row: (Vec<i64>, Vec<i64>) = sqlx::query_as(
+            "SELECT committed, array(SELECT unnest(continued) ORDER BY 1)
+               FROM gd_commit_outcomes(
+                 'n1', '{1,2,3,4}', '{1,1,1,0}', '{next,next,next,next}', '{b,b,b,b}',
+                 array_fill('{\"n\": 1}'::jsonb, '{4}'), '{NULL,NULL,NULL,NULL}',
+                 '{NULL,NULL,NULL,NULL}', '{NULL,NULL,NULL,NULL}', '{NULL,NULL,NULL,NULL}',
+                 '{0,0,0,0}', '{t,t,t,t}', '{}', '{}', '{}', now(),
+                 '{f,t,f,f}', '{NULL,NULL,NULL,NULL}', '{NULL,NULL,NULL,NULL}',
+                 '{NULL,NULL,NULL,NULL}', '{NULL,NULL,NULL,NULL}', '{NULL,NULL,NULL,NULL}')",
+        )
+        .fetch_one(p)
+        .await
+        .unwrap();
+        assert_eq!(row, (vec![1, 2, 3], vec![1, 2]));
+        let rows: Vec<serde_json::Value> =
+            sqlx::query_scalar("SELECT to_jsonb(i) - 'id' FROM gd_instances i ORDER BY id")
+                .fetch_all(p)
+                .await
+                .unwrap();
+        assert_eq!(rows[0], rows[1], "the short path and the general one");
+        assert_eq!(rows[0]["step"], "b");
+        assert_eq!(rows[0]["state"], serde_json::json!({ "n": 1 }));
+        assert_eq!(rows[0]["status"], "executing");
+        assert_eq!(rows[0]["rate_limit"], serde_json::Value::Null);
+        assert_eq!(
+            (&rows[2]["status"], &rows[2]["last_error"]),
+            (
+                &serde_json::json!("failed"),
+                &serde_json::json!("cancelled")
+            )
+        );
+        assert_eq!(
+            (&rows[3]["step"], &rows[3]["attempt"]),
+            (&serde_json::json!("a"), &serde_json::json!(2)),
+            "a stale outcome writes nothing"
+        );
+        db.close().await;
+    }
+
     /// A step's output of `outcome` with `state`, no signal seen, no transition.
     fn output(outcome: Outcome, state: serde_json::Value) -> StepOutput {
         StepOutput {
