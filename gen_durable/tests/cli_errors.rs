@@ -81,7 +81,7 @@ async fn missing_database() {
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
     sqlx::raw_sql(
-        "DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname LIKE 'gd\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$; DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, gd_queue_pauses, gd_gates, gd_buckets, gd_rate_limits, _sqlx_migrations; DROP TYPE gd_status;",
+        "DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, gd_queue_pauses, gd_gates, gd_buckets, gd_rate_limits, _sqlx_migrations; DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname LIKE 'gd\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$; DROP TYPE gd_status;",
     )
     .execute(db.pool())
     .await
