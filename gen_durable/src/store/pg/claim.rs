@@ -113,8 +113,8 @@ pub(super) const CLAIM: &str = concat!(
 /// 2.4–2.7 ms against 0.4–0.5 ms, before the claim's plan was reused; run, they still
 /// cost each claim their probes and sorts).
 ///
-/// With no gate declared no row can name one (the foreign keys), and likewise for rate
-/// limits; the filter on both is belt and braces. Each variant says in `flow` whether
+/// With no gate declared no row can name one (the references' checks, migration 0025),
+/// and likewise for rate limits; the filter on both is belt and braces. Each variant says in `flow` whether
 /// any gate or rate limit is declared now (two probes of tiny tables), and returns its
 /// summary row when the engine should switch (this one when one is, `CLAIM` when none is),
 /// so a gate declared by another process is used from the next pick on. Otherwise the
