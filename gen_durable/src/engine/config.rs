@@ -17,7 +17,9 @@ use crate::pooler::Pooler;
 pub struct QueueConfig {
     /// Steps run at once on this node.
     pub concurrency: usize,
-    /// Claimed rows held ahead in a local buffer (default 0).
+    /// Claimed rows held ahead in a local buffer (default 0). While it holds rows, it is
+    /// refilled only once a quarter of it (or `min_demand`, if more) is free: one claim
+    /// per batch rather than one per few rows.
     pub prefetch: usize,
     /// Don't pick for fewer free slots than this (default 1).
     pub min_demand: usize,

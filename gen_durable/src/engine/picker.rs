@@ -171,13 +171,11 @@ impl Picker {
         self.handed.extend(rows);
     }
 
-    /// Starts a claim for the free slots, unless they are fewer than `min_demand`.
+    /// Starts a claim for the free slots, if there are enough ([`demand`]).
     fn start_claim(&mut self) {
         self.pick_now = false;
-        let cfg = &self.queue.cfg;
-        let demand = (cfg.concurrency + cfg.prefetch)
-            .saturating_sub(self.tasks.len() + self.buffer.len() + self.handed.len());
-        if demand >= cfg.min_demand {
+        let waiting = self.buffer.len() + self.handed.len();
+        if let Some(demand) = demand(&self.queue.cfg, self.tasks.len(), waiting) {
             let q = self.queue.clone();
             self.claiming = Some(Box::pin(async move { (demand, q.claim(demand).await) }));
         } else {
@@ -502,4 +500,44 @@ fn partition_key_of(detail: &str) -> Option<String> {
         .or_else(|| detail.strip_prefix("Key (gate, partition_key, gate_slot)=("))?;
     let end = rest.rfind(") already exists")?;
     Some(rest[..end].to_string())
+}
+
+/// The rows to claim for a queue with `running` steps running and `waiting` rows held for
+/// it, or `None` when too few slots are free: fewer than `min_demand`, or, while rows still
+/// wait (every worker is busy then), fewer than a quarter of `prefetch`, so that the buffer
+/// is refilled in batches rather than a row at a time. A claim costs about as much for a
+/// few rows as for many: a five-step drain topped its buffer up 16–18 rows at a time, at
+/// twice a large claim's server time per row (PERFORMANCE.md, "Refilling the buffer in batches").
+fn demand(cfg: &QueueConfig, running: usize, waiting: usize) -> Option<usize> {
+    let free = (cfg.concurrency + cfg.prefetch).saturating_sub(running + waiting);
+    let least = if waiting > 0 {
+        cfg.min_demand.max(cfg.prefetch / 4)
+    } else {
+        cfg.min_demand
+    };
+    (free >= least).then_some(free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_that_still_holds_rows_is_refilled_in_batches() {
+        let cfg = QueueConfig::new(256).with_prefetch(256);
+        // Every worker busy, 200 rows waiting: 56 free slots, under a quarter of 256.
+        assert_eq!(demand(&cfg, 256, 200), None);
+        assert_eq!(demand(&cfg, 256, 192), Some(64));
+        // Nothing waiting: any free slot is claimed at once.
+        assert_eq!(demand(&cfg, 255, 0), Some(257));
+        assert_eq!(demand(&cfg, 256, 255), None);
+        assert_eq!(demand(&cfg, 256, 0), Some(256));
+        // Without a buffer, `min_demand` alone.
+        let plain = QueueConfig::new(8);
+        assert_eq!(demand(&plain, 7, 0), Some(1));
+        assert_eq!(demand(&plain, 8, 0), None);
+        let batched = QueueConfig::new(8).with_min_demand(4);
+        assert_eq!(demand(&batched, 5, 0), None);
+        assert_eq!(demand(&batched, 4, 0), Some(4));
+    }
 }
