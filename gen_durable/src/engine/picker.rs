@@ -507,7 +507,8 @@ fn partition_key_of(detail: &str) -> Option<String> {
 /// wait (every worker is busy then), fewer than a quarter of `prefetch`, so that the buffer
 /// is refilled in batches rather than a row at a time. A claim costs about as much for a
 /// few rows as for many: a five-step drain topped its buffer up 16–18 rows at a time, at
-/// twice a large claim's server time per row (PERFORMANCE.md, "Refilling the buffer in batches").
+/// twice a large claim's server time per row (PERFORMANCE.md, "Refilling the buffer in
+/// batches").
 fn demand(cfg: &QueueConfig, running: usize, waiting: usize) -> Option<usize> {
     let free = (cfg.concurrency + cfg.prefetch).saturating_sub(running + waiting);
     let least = if waiting > 0 {

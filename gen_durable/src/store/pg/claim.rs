@@ -114,11 +114,11 @@ pub(super) const CLAIM: &str = concat!(
 /// cost each claim their probes and sorts).
 ///
 /// With no gate declared no row can name one (the references' checks, migration 0025),
-/// and likewise for rate limits; the filter on both is belt and braces. Each variant says in `flow` whether
-/// any gate or rate limit is declared now (two probes of tiny tables), and returns its
-/// summary row when the engine should switch (this one when one is, `CLAIM` when none is),
-/// so a gate declared by another process is used from the next pick on. Otherwise the
-/// statement is `CLAIM`'s, whose comments explain it.
+/// and likewise for rate limits; the filter on both is belt and braces. Each variant says
+/// in `flow` whether any gate or rate limit is declared now (two probes of tiny tables),
+/// and returns its summary row when the engine should switch (this one when one is,
+/// `CLAIM` when none is), so a gate declared by another process is used from the next
+/// pick on. Otherwise the statement is `CLAIM`'s, whose comments explain it.
 pub(super) const CLAIM_PLAIN: &str = concat!(
     "/* gd:claim */ SELECT c.* FROM ",
     without_flush!(),
@@ -487,24 +487,7 @@ mod tests {
             claim(&mut *other, &params).await.map(|p| p.rows.len())
         });
         // The second claim waits on a lock the first holds.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
-            )
-            .bind(pid)
-            .fetch_one(db.pool())
-            .await
-            .unwrap();
-            if waiting {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the second claim never waited"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        crate::store::pg::until_waiting_on_a_lock(db.pool(), pid, "the second claim").await;
         first.commit().await.unwrap();
         let got = second.await.unwrap();
         assert!(

@@ -285,7 +285,6 @@ pub(crate) fn gate_error(e: sqlx::Error) -> crate::Error {
 #[cfg(test)]
 mod tests {
     use gen_durable_testkit::TestDb;
-    use std::time::{Duration, Instant};
 
     /// The references to gates and rate limits are checked only for rows that name one
     /// (migration 0025). A foreign key queued a check for every row inserted, a NULL column
@@ -353,22 +352,7 @@ mod tests {
                 .execute(&mut *deleting)
                 .await
         });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity
-                  WHERE pid = $1",
-            )
-            .bind(pid)
-            .fetch_one(p)
-            .await
-            .unwrap();
-            if waiting {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the delete never waited");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        crate::store::pg::until_waiting_on_a_lock(p, pid, "the delete").await;
         inserting.commit().await.unwrap();
         let e = delete.await.unwrap().unwrap_err();
         let db_error = e.as_database_error().expect("a database error");

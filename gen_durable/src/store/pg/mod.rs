@@ -106,6 +106,27 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)>
         .collect()
 }
 
+/// Waits (up to 10 s, else panics with `what`) until backend `pid` waits on a lock: a
+/// test's way to know that a statement it started on another connection is blocked.
+#[cfg(test)]
+pub(crate) async fn until_waiting_on_a_lock(db: &sqlx::PgPool, pid: i32, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
+        )
+        .bind(pid)
+        .fetch_one(db)
+        .await
+        .unwrap();
+        if waiting {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what} never waited");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
