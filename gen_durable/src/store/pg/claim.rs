@@ -83,6 +83,8 @@ macro_rules! without_flush {
 ///   instant they are due (`owed`, `deferred`). `next_due` is the first instant a paid
 ///   row of this queue is due (through `gd_instances_rate_due`), so the picker wakes then.
 /// - The claim bumps `lease_epoch`: every later write of this worker is fenced by it.
+/// - The claimed rows' inboxes and children are read in one pass each over the claimed
+///   ids (migration 0026), grouped by row: not two subqueries per claimed row.
 /// - A queue an operator paused (`gd_queue_pauses`, `Client::pause_queue`) gives nothing.
 ///   The `NOT EXISTS` does not reference `i`, so it is planned once per statement as an
 ///   InitPlan (one primary-key probe) and a one-time filter above the pick's index scan:
@@ -126,12 +128,14 @@ pub(super) const CLAIM_PLAIN: &str = concat!(
 );
 
 /// The migrations that define the claim's functions, oldest first: 0015 made both, 0016
-/// replaced both, 0020 replaced `gd_claim` and made `gd_claim_rated`. (0022 recreated all
-/// three from their definitions with a new epoch: [`body`] makes the same change.)
-const FUNCTIONS: [&str; 3] = [
+/// replaced both, 0020 replaced `gd_claim` and made `gd_claim_rated`, 0026 replaced all
+/// three. (0022 recreated all three from their definitions with a new epoch: [`body`]
+/// makes the same change in the older ones.)
+const FUNCTIONS: [&str; 4] = [
     include_str!("../../../../migrations/0015_claim_functions.sql"),
     include_str!("../../../../migrations/0016_claim_plans.sql"),
     include_str!("../../../../migrations/0020_flow_costs.sql"),
+    include_str!("../../../../migrations/0026_claim_inbox_in_one_pass.sql"),
 ];
 
 /// The statement inside claim function `function` (`gd_claim`, `gd_claim_rated` or
@@ -321,6 +325,91 @@ mod tests {
                 .execute(&mut *conn)
                 .await
                 .unwrap();
+        }
+        drop(conn);
+        db.close().await;
+    }
+
+    /// Each claim reads its rows' inboxes and children in one pass each, not by two
+    /// subqueries per claimed row (migration 0026), and each row still gets its own, in
+    /// id order, and `[]` where it has none.
+    #[tokio::test]
+    async fn a_claim_reads_its_rows_inboxes_and_children_in_one_pass_each() {
+        let db = TestDb::new().await;
+        let mut conn = db.pool().acquire().await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+             SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 20);
+             CREATE TEMP TABLE nth AS
+             SELECT id, row_number() OVER (ORDER BY id) AS n FROM gd_instances;
+             INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, parent_id, status,
+                                       result)
+             SELECT 'C', 1, 's', jsonb_build_object('n', c), 'kids', nth.id,
+                    (CASE c WHEN 1 THEN 'done' ELSE 'runnable' END)::gd_status,
+                    CASE c WHEN 1 THEN '7'::jsonb END
+               FROM nth, generate_series(1, 2) c WHERE nth.n = 2;
+             INSERT INTO gd_signals (target_id, name, payload)
+             SELECT id, 'b', '1' FROM nth WHERE n = 3;
+             INSERT INTO gd_signals (target_id, name, payload)
+             SELECT id, 'a', '2' FROM nth WHERE n = 3;
+             INSERT INTO gd_signals (target_id, name, payload)
+             SELECT id, 'c', '3' FROM nth WHERE n = 4;",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let first: i64 = sqlx::query_scalar("SELECT min(id) FROM gd_instances")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        for function in ["gd_claim", "gd_claim_rated", "gd_claim_plain"] {
+            let plan = plan_of(&mut conn, function, 16).await;
+            assert!(
+                plan.contains("on gd_signals s (actual rows=3 loops=1)"),
+                "{function}: the inboxes in one pass:\n{plan}"
+            );
+            assert!(
+                plan.contains("on gd_instances ch (actual rows=2 loops=1)"),
+                "{function}: the children in one pass:\n{plan}"
+            );
+        }
+        for flow in [false, true] {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+            let rows = claim(&mut *tx, &claim_params("n1", 16, flow))
+                .await
+                .unwrap()
+                .rows;
+            let nth: Vec<i64> = rows.iter().map(|r| r.id - first + 1).collect();
+            assert_eq!(nth, (1..=16).collect::<Vec<i64>>(), "flow {flow}");
+            for r in &rows {
+                let inbox: Vec<(&str, &Value)> =
+                    r.inbox.0.iter().map(|s| (&*s.name, &s.payload)).collect();
+                let children: Vec<(&str, &Value)> =
+                    r.children.0.iter().map(|c| (&*c.fsm, &c.state)).collect();
+                match r.id - first + 1 {
+                    2 => {
+                        assert!(inbox.is_empty());
+                        assert_eq!(
+                            children,
+                            [
+                                ("C", &serde_json::json!({"n": 1})),
+                                ("C", &serde_json::json!({"n": 2}))
+                            ]
+                        );
+                        assert_eq!(r.children.0[0].result, Some(serde_json::json!(7)));
+                    }
+                    3 => assert_eq!(
+                        inbox,
+                        [("b", &serde_json::json!(1)), ("a", &serde_json::json!(2))]
+                    ),
+                    4 => assert_eq!(inbox, [("c", &serde_json::json!(3))]),
+                    _ => assert!(inbox.is_empty() && children.is_empty(), "row {}", r.id),
+                }
+                if r.id - first + 1 != 2 {
+                    assert!(children.is_empty(), "row {}", r.id);
+                }
+            }
+            tx.rollback().await.unwrap();
         }
         drop(conn);
         db.close().await;
