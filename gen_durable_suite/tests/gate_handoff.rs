@@ -109,10 +109,10 @@ const REFUSING_HANDOFF: &str = "
 CREATE SEQUENCE handoff_refusals;
 CREATE OR REPLACE FUNCTION gd_handoff(p_names text[], p_versions int4[], p_node text,
     p_lease_ms int8, p_now timestamptz, p_ids int8[], p_queues text[], p_gates text[],
-    p_keys text[])
+    p_keys text[], p_slots int2[])
 RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb,
     attempt integer, awaits text[], lease_epoch bigint, partition_key text, gate text,
-    inbox json, children json, now timestamptz, queue text)
+    inbox json, children json, now timestamptz, queue text, gate_slot int2)
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM nextval('handoff_refusals');

@@ -104,6 +104,8 @@ pub(crate) struct CommitRequest {
 pub(crate) struct HeldKey {
     pub(crate) gate: Option<String>,
     pub(crate) key: String,
+    /// The gate's slot, when the claim said which (a hand-off's rows).
+    pub(crate) slot: Option<i16>,
 }
 
 /// What happened to one outcome.

@@ -63,7 +63,11 @@ pub(crate) async fn run_step(
                 cancel: cancel.clone(),
                 pool: Some(shared.db.pool.clone()),
             };
-            let key = (row.partition_key, row.gate);
+            let key = row.partition_key.map(|key| HeldKey {
+                gate: row.gate,
+                key,
+                slot: row.gate_slot,
+            });
             run_chain(&shared, &queue, entry, epoch, input, key, &draining).await
         }
         Upgraded::Stop(delay) => Ended {
@@ -82,7 +86,7 @@ async fn run_chain(
     entry: FsmEntry,
     epoch: i64,
     mut input: StepInput,
-    mut key: (Option<String>, Option<String>),
+    mut key: Option<HeldKey>,
     draining: &CancellationToken,
 ) -> Ended {
     let id = input.id;
@@ -110,7 +114,9 @@ async fn run_chain(
         };
         // Never run ahead into a drain or a cancellation, nor into a step that needs what
         // the claim does not hold (a new key, tokens): hand the row back instead.
-        let held = (key.0.as_deref(), key.1.as_deref());
+        let held = key
+            .as_ref()
+            .map_or((None, None), |k| (Some(&*k.key), k.gate.as_deref()));
         let yielded = match output.outcome {
             Outcome::Next { step: to } if output.run_ahead => {
                 output.transition.yields(held).map(|reason| (to, reason))
@@ -128,13 +134,10 @@ async fn run_chain(
             _ => None,
         };
         if let (Some(_), KeyChange::Release) = (&next, &output.transition.key) {
-            key = (None, None);
+            key = None;
         }
         let duration = output.duration;
-        let held = key.0.as_ref().map(|k| HeldKey {
-            gate: key.1.clone(),
-            key: k.clone(),
-        });
+        let held = key.clone();
         match shared
             .committer
             .commit(queue, id, epoch, output, run_ahead, held)

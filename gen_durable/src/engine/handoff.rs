@@ -110,6 +110,7 @@ impl Committer {
             queue: queue.to_string(),
             gate: gate.clone(),
             key: key.key.clone(),
+            slot: key.slot,
         })
     }
 

@@ -185,6 +185,10 @@ pub(crate) struct Claimed {
     pub(crate) inbox: Json<Vec<Signal>>,
     pub(crate) children: Json<Vec<ChildInfo>>,
     pub(crate) now: DateTime<Utc>,
+    /// The gate slot it holds, where the statement says: the hand-off does (migration
+    /// 0027), the claims do not. Passed back to the hand-off of the commit that ends it.
+    #[sqlx(default)]
+    pub(crate) gate_slot: Option<i16>,
 }
 
 /// What one claim statement did: the rows it claimed, and what it handed back or

@@ -4,15 +4,18 @@
 //! the gate's lock). The rows come back as a claim's do, for the committing node's pickers.
 
 use chrono::{DateTime, Utc};
-use sqlx::{FromRow, PgExecutor, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
 use crate::error::Result;
 use crate::store::pg::claim::Claimed;
 
 /// Claims into the slots freed by `$6` (rows whose outcome this transaction committed,
-/// each with its queue, gate and key as claimed: `$7`, `$8`, `$9`).
+/// each with its queue, gate, key and slot as claimed: `$7` to `$10`, the slot NULL where
+/// the claim did not say).
 pub(super) const HANDOFF: &str =
-    "/* gd:handoff */ SELECT * FROM gd_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+    "/* gd:handoff */ SELECT * FROM gd_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// One row of a gate key that ended in the commit, freeing its slot.
 #[derive(Debug, Clone)]
@@ -21,6 +24,8 @@ pub(crate) struct Freed {
     pub(crate) queue: String,
     pub(crate) gate: String,
     pub(crate) key: String,
+    /// The slot it held, if its claim said (else the hand-off reads it).
+    pub(crate) slot: Option<i16>,
 }
 
 /// What the hand-off needs of the node.
@@ -39,32 +44,30 @@ pub(crate) async fn handoff<'e>(
     p: &HandoffParams<'_>,
     freed: &[Freed],
 ) -> Result<Vec<(String, Claimed)>> {
-    let (ids, queues, gates, keys) = columns(freed);
-    let rows = sqlx::query(HANDOFF)
+    let query = sqlx::query(HANDOFF)
         .bind(p.names)
         .bind(p.versions)
         .bind(p.node)
         .bind(p.lease_ttl_ms)
-        .bind(p.now)
-        .bind(ids)
-        .bind(queues)
-        .bind(gates)
-        .bind(keys)
-        .fetch_all(db)
-        .await?;
+        .bind(p.now);
+    let rows = bind_freed(query, freed).fetch_all(db).await?;
     rows.iter()
         .map(|r| Ok((r.try_get("queue")?, Claimed::from_row(r)?)))
         .collect()
 }
 
-/// The rows of `freed` as the statements' parallel arrays: ids, queues, gates and keys.
-pub(super) fn columns(freed: &[Freed]) -> (Vec<i64>, Vec<&str>, Vec<&str>, Vec<&str>) {
-    (
-        freed.iter().map(|f| f.id).collect(),
-        freed.iter().map(|f| f.queue.as_str()).collect(),
-        freed.iter().map(|f| f.gate.as_str()).collect(),
-        freed.iter().map(|f| f.key.as_str()).collect(),
-    )
+/// Binds the rows of `freed` as the statements' five parallel arrays: ids, queues,
+/// gates, keys and slots.
+pub(super) fn bind_freed<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    freed: &'q [Freed],
+) -> Query<'q, Postgres, PgArguments> {
+    query
+        .bind(freed.iter().map(|f| f.id).collect::<Vec<_>>())
+        .bind(freed.iter().map(|f| f.queue.as_str()).collect::<Vec<_>>())
+        .bind(freed.iter().map(|f| f.gate.as_str()).collect::<Vec<_>>())
+        .bind(freed.iter().map(|f| f.key.as_str()).collect::<Vec<_>>())
+        .bind(freed.iter().map(|f| f.slot).collect::<Vec<_>>())
 }
 
 #[cfg(test)]
@@ -103,8 +106,25 @@ mod tests {
     }
 
     /// Ends `ids` as a commit does (out of `executing`, their slots left as they were),
-    /// then hands their slots on; returns the rows claimed, as (id, slot).
+    /// then hands their slots on, each named as the engine names it (the slot its claim
+    /// returned); returns the rows claimed, as (id, slot).
     async fn end_and_hand_off(c: &mut PgConnection, ids: &[i64]) -> Vec<(i64, i16)> {
+        let freed: Vec<Freed> = sqlx::query_as(
+            "SELECT id, gate_slot FROM gd_instances WHERE id = ANY ($1) ORDER BY id",
+        )
+        .bind(ids)
+        .fetch_all(&mut *c)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, slot)| freed(id, slot))
+        .collect();
+        end(c, ids).await;
+        hand_off(c, &freed).await
+    }
+
+    /// Ends `ids` as a commit does: out of `executing`, their slots left as they were.
+    async fn end(c: &mut PgConnection, ids: &[i64]) {
         sqlx::query(
             "UPDATE gd_instances SET status = 'done', locked_by = NULL WHERE id = ANY ($1)",
         )
@@ -112,16 +132,23 @@ mod tests {
         .execute(&mut *c)
         .await
         .unwrap();
-        let freed: Vec<Freed> = ids
-            .iter()
-            .map(|&id| Freed {
-                id,
-                queue: "q".into(),
-                gate: "g".into(),
-                key: "k".into(),
-            })
-            .collect();
-        let rows = handoff(&mut *c, &params(), &freed).await.unwrap();
+    }
+
+    /// Row `id` of key `k` of gate `g` in queue `q`, ended holding `slot` (None: unknown).
+    fn freed(id: i64, slot: Option<i16>) -> Freed {
+        Freed {
+            id,
+            queue: "q".into(),
+            gate: "g".into(),
+            key: "k".into(),
+            slot,
+        }
+    }
+
+    /// Hands on the slots of `freed`; returns the rows claimed, as (id, slot), each slot
+    /// as the hand-off returned it and as the row holds it.
+    async fn hand_off(c: &mut PgConnection, freed: &[Freed]) -> Vec<(i64, i16)> {
+        let rows = handoff(&mut *c, &params(), freed).await.unwrap();
         let mut out = Vec::new();
         for (queue, row) in rows {
             assert_eq!(queue, "q");
@@ -134,6 +161,7 @@ mod tests {
             .fetch_one(&mut *c)
             .await
             .unwrap();
+            assert_eq!(row.gate_slot, Some(slot), "the slot returned is the row's");
             out.push((row.id, slot));
         }
         out
@@ -190,6 +218,39 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(untouched, 3, "the other queue's, version's and key's rows");
+        drop(c);
+        db.close().await;
+    }
+
+    /// The slot the engine names is the one handed on: the row is not read for it (here,
+    /// the gate made larger, the engine says slot 3, free, of a row whose column says 1).
+    /// A slot the engine does not know (a row the claim took) is read from the row, which
+    /// must have ended: a row still running hands nothing on.
+    #[tokio::test]
+    async fn the_slot_the_engine_names_is_handed_on_and_an_unknown_one_is_read() {
+        let db = TestDb::new().await;
+        let mut c = db.pool().acquire().await.unwrap();
+        let running = setup(&mut c).await;
+        sqlx::query("UPDATE gd_gates SET size = 4")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        end(&mut c, &running[1..2]).await;
+        let handed = hand_off(&mut c, &[freed(running[1], Some(3))]).await;
+        assert_eq!(handed.iter().map(|h| h.1).collect::<Vec<_>>(), [3]);
+
+        end(&mut c, &running[2..]).await;
+        let handed = hand_off(&mut c, &[freed(running[2], None)]).await;
+        assert_eq!(
+            handed.iter().map(|h| h.1).collect::<Vec<_>>(),
+            [2],
+            "its own column"
+        );
+        assert_eq!(
+            hand_off(&mut c, &[freed(running[0], None)]).await,
+            [],
+            "still running"
+        );
         drop(c);
         db.close().await;
     }
@@ -269,12 +330,7 @@ mod tests {
         assert_eq!(handed[0].1, 1);
         let running: Vec<i64> = vec![handed[0].0];
 
-        let still = Freed {
-            id: running[0],
-            queue: "q".into(),
-            gate: "g".into(),
-            key: "k".into(),
-        };
+        let still = freed(running[0], None);
         let rows = handoff(&mut *c, &params(), &[still]).await.unwrap();
         assert!(rows.is_empty(), "a running row holds its slot");
 

@@ -65,7 +65,8 @@ SELECT committed, continued, at, deferred
 const COMMIT_HANDOFF: &str = r#"/* gd:apply */
 SELECT *
   FROM gd_commit_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                         $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
+                         $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29,
+                         $30)
 "#;
 
 /// The outcome children are inserted for: none if the instance was cancelled while the
@@ -177,15 +178,11 @@ pub(crate) async fn commit_and_hand_off(
     }
     let sorted = one_per_row(batch);
     let a = Arrays::of(&sorted, &HashMap::new());
-    let (ids, queues, gates, keys) = handoff::columns(gated);
-    let rows = bind_apply(sqlx::query(COMMIT_HANDOFF), node, &a, notify, p.now)
+    let query = bind_apply(sqlx::query(COMMIT_HANDOFF), node, &a, notify, p.now)
         .bind(p.names)
         .bind(p.versions)
-        .bind(p.lease_ttl_ms)
-        .bind(ids)
-        .bind(queues)
-        .bind(gates)
-        .bind(keys)
+        .bind(p.lease_ttl_ms);
+    let rows = handoff::bind_freed(query, gated)
         .fetch_all(conn.again())
         .await
         .map_err(gate_error)?;
@@ -739,6 +736,7 @@ mod tests {
                 queue: "q".into(),
                 gate: "g".into(),
                 key: "k".into(),
+                slot: None,
             })
             .collect();
         let names = ["F".to_string()];
