@@ -225,7 +225,8 @@ mod tests {
     /// The slot the engine names is the one handed on: the row is not read for it (here,
     /// the gate made larger, the engine says slot 3, free, of a row whose column says 1).
     /// A slot the engine does not know (a row the claim took) is read from the row, which
-    /// must have ended: a row still running hands nothing on.
+    /// must have ended: a row still running hands nothing on. A slot named wrongly cannot
+    /// admit a row: the slot index refuses it.
     #[tokio::test]
     async fn the_slot_the_engine_names_is_handed_on_and_an_unknown_one_is_read() {
         let db = TestDb::new().await;
@@ -250,6 +251,17 @@ mod tests {
             hand_off(&mut c, &[freed(running[0], None)]).await,
             [],
             "still running"
+        );
+
+        // A slot named wrongly, one a running row holds, is refused by the slot index:
+        // the engine then commits without the hand-off.
+        end(&mut c, &[handed[0].0]).await;
+        let err = handoff(&mut *c, &params(), &[freed(handed[0].0, Some(0))])
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("gd_instances_gate_executing"),
+            "{err}"
         );
         drop(c);
         db.close().await;
