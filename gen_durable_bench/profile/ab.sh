@@ -7,9 +7,10 @@
 #   bash gen_durable_bench/profile/ab.sh FUNCTION VARIANT.sql [N] [RUNS]
 #   SCENARIO=drain_gated bash gen_durable_bench/profile/ab.sh gd_handoff my_handoff.sql
 #
-# FUNCTION is a set-returning function (RETURNS TABLE or SETOF: the claims, the hand-off,
-# the commit); VARIANT.sql holds one `CREATE OR REPLACE FUNCTION FUNCTION(…)` with the same
-# arguments and result. Runs profile.sh (same server, same environment) RUNS times (1 by
+# FUNCTION returns a set (RETURNS TABLE or SETOF: the claims, the hand-off, the commit) or
+# OUT parameters (the apply, `gd_commit_outcomes`: then a "row" is a call); of its
+# overloads, the one with the most arguments. VARIANT.sql holds one `CREATE OR REPLACE
+# FUNCTION FUNCTION(…)` with the same arguments and result. Runs profile.sh (same server, same environment) RUNS times (1 by
 # default) with N instances (20000) and prints, per run, A's and B's calls, time per call,
 # rows per call and time per row; then the median of B's time per row over A's.
 set -euo pipefail
@@ -29,17 +30,28 @@ pre=$(cat <<SQL
 DO \$ab\$
 DECLARE
     f regprocedure := (SELECT p.oid::regprocedure FROM pg_proc p
-                        WHERE p.proname = '$fn' AND pg_function_is_visible(p.oid));
+                        WHERE p.proname = '$fn' AND pg_function_is_visible(p.oid)
+                        ORDER BY p.pronargs DESC LIMIT 1);
     def text := pg_get_functiondef(f);
     n int := (SELECT pronargs FROM pg_proc WHERE oid = f);
     args text := (SELECT string_agg('\$' || i, ', ') FROM generate_series(1, n) i);
+    -- A function of OUT parameters (the apply) returns one row: its dispatcher copies it.
+    outs text := (SELECT string_agg(format('%I := r.%I;', a.name, a.name), ' ')
+                    FROM pg_proc p, unnest(p.proargnames, p.proargmodes) a(name, mode)
+                   WHERE p.oid = f AND NOT p.proretset AND a.mode IN ('o', 'b'));
 BEGIN
     EXECUTE replace(def, 'FUNCTION public.$fn(', 'FUNCTION public.${fn}_a(');
     EXECUTE format(
         'CREATE OR REPLACE FUNCTION public.$fn(%s) RETURNS %s LANGUAGE plpgsql AS %L',
         pg_get_function_arguments(f), pg_get_function_result(f),
-        format('BEGIN IF random() < 0.5 THEN RETURN QUERY SELECT * FROM ${fn}_a(%s); '
-               'ELSE RETURN QUERY SELECT * FROM ${fn}_b(%s); END IF; END', args, args));
+        CASE WHEN outs IS NULL THEN
+            format('BEGIN IF random() < 0.5 THEN RETURN QUERY SELECT * FROM ${fn}_a(%s); '
+                   'ELSE RETURN QUERY SELECT * FROM ${fn}_b(%s); END IF; END', args, args)
+        ELSE
+            format('DECLARE r record; BEGIN IF random() < 0.5 THEN '
+                   'SELECT * INTO r FROM ${fn}_a(%s); ELSE SELECT * INTO r FROM ${fn}_b(%s); '
+                   'END IF; %s END', args, args, outs)
+        END);
 END
 \$ab\$;
 $(sed -E "s/FUNCTION (public\.)?$fn\(/FUNCTION public.${fn}_b(/" "$variant")
