@@ -161,6 +161,29 @@ async fn schema_older_than_the_cli() {
         r.stderr
     );
     db3.close().await;
+
+    // Migrated before the hand-off took slots (0027; 0028 keeps the earlier overloads):
+    // the function is named as one. It failed first on `to_regproc`, which answers NULL
+    // for a name with two overloads: "table gd_handoff is missing" on a migrated database.
+    let db4 = TestDb::new().await;
+    gd_on(&db4, &["status"]).expect(0);
+    sqlx::query(
+        "DROP FUNCTION gd_commit_handoff(text, int8[], int8[], text[], text[], jsonb[],
+             jsonb[], text[], int8[], text[], int4[], bool[], int8[], int8[], text[],
+             timestamptz, bool[], text[], text[], text[], text[], float8[], text[], int4[],
+             int8, int8[], text[], text[], text[], int2[]) CASCADE",
+    )
+    .execute(db4.pool())
+    .await
+    .unwrap();
+    let r = gd_on(&db4, &["status"]).expect(NOT_MIGRATED);
+    assert!(
+        r.stderr
+            .contains("function gd_commit_handoff (with slots) is missing"),
+        "{}",
+        r.stderr
+    );
+    db4.close().await;
     db.close().await;
 }
 

@@ -86,11 +86,11 @@ pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
         ));
     }
     if let Some(missing) = s.missing {
-        // `table` or `table.column`.
-        let what = if missing.contains('.') {
-            "column"
-        } else {
-            "table"
+        // `table`, `table.column` or `function name`.
+        let (what, missing) = match missing.strip_prefix("function ") {
+            Some(name) => ("function", name),
+            None if missing.contains('.') => ("column", missing.as_str()),
+            None => ("table", missing.as_str()),
         };
         return Err(CliError::not_migrated(&format!(
             "this database's gen_durable schema is older than this CLI ({what} {missing} is missing)"

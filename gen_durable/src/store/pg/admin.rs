@@ -34,8 +34,10 @@ const EXPIRED_IDS_SHOWN: i32 = 10;
 
 /// Whether the schema is there. `to_regclass` answers NULL instead of failing when a
 /// table is missing, so the CLI can tell "not migrated" from any other error and say
-/// what to do. The tables (and columns) later migrations added are checked apart, the
-/// newest last: a database migrated by an older release has instances but not those yet.
+/// what to do. The tables, columns and functions later migrations added are checked
+/// apart, the newest last: a database migrated by an older release has instances but not
+/// those yet. A function is named `function …` (several overloads of one name make
+/// `to_regproc` answer NULL, so those are looked up in `pg_proc`).
 const SCHEMA_STATE: &str = r#"/* gd:admin */
 SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
        CASE WHEN to_regclass('gd_nodes') IS NULL THEN 'gd_nodes'
@@ -48,16 +50,21 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc
                               WHERE proname = 'gd_commit_outcomes' AND pronargs = 22)
-                THEN 'gd_commit_outcomes (with transitions)'
+                THEN 'function gd_commit_outcomes (with transitions)'
             WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
                               WHERE attrelid = to_regclass('gd_instances')
                                 AND attname = 'finished_at' AND NOT attisdropped)
                 THEN 'gd_instances.finished_at'
-            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'gd_claim_plain'
-            WHEN to_regproc('gd_handoff') IS NULL THEN 'gd_handoff'
-            WHEN to_regproc('gd_claim_rated') IS NULL THEN 'gd_claim_rated'
-            WHEN to_regproc('gd_commit_handoff') IS NULL THEN 'gd_commit_handoff'
-            WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'gd_lease_epoch' END AS missing,
+            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'function gd_claim_plain'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_handoff')
+                THEN 'function gd_handoff'
+            WHEN to_regproc('gd_claim_rated') IS NULL THEN 'function gd_claim_rated'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_commit_handoff')
+                THEN 'function gd_commit_handoff'
+            WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'function gd_lease_epoch'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_proc
+                              WHERE proname = 'gd_commit_handoff' AND pronargs = 30)
+                THEN 'function gd_commit_handoff (with slots)' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

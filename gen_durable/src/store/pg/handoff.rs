@@ -267,6 +267,53 @@ mod tests {
         db.close().await;
     }
 
+    /// What a node of the version before migration 0027 calls (a rolling deploy) still
+    /// works (migration 0028): `gd_handoff` without slots reads each ended row's, and
+    /// `gd_commit_handoff` without slots commits and hands on.
+    #[tokio::test]
+    async fn the_hand_off_of_the_version_before_still_answers() {
+        let db = TestDb::new().await;
+        let mut c = db.pool().acquire().await.unwrap();
+        let running = setup(&mut c).await;
+        end(&mut c, &running[..1]).await;
+        let handed: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT id, queue FROM gd_handoff('{F}', '{1}', 'n', 60000, NULL, $1, '{q}',
+                                             '{g}', '{k}')",
+        )
+        .bind(&running[..1])
+        .fetch_all(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(handed.len(), 1);
+        let slot: i16 = sqlx::query_scalar("SELECT gate_slot FROM gd_instances WHERE id = $1")
+            .bind(handed[0].0)
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+        assert_eq!(slot, 0, "the slot the ended row held");
+
+        let rows: Vec<(Option<Vec<i64>>, Option<i64>)> = sqlx::query_as(
+            "SELECT committed, id
+               FROM gd_commit_handoff('n', $1, '{1}', '{done}', '{s}', '{NULL}', '{NULL}',
+                    '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{f}', '{}', '{}', '{}', NULL,
+                    '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{NULL}', '{F}', '{1}',
+                    60000, $1, '{q}', '{g}', '{k}')",
+        )
+        .bind(&running[1..2])
+        .fetch_all(&mut *c)
+        .await
+        .unwrap();
+        assert_eq!(
+            rows.len(),
+            2,
+            "the commit's row, then the one row handed on"
+        );
+        assert_eq!(rows[0].0.as_deref(), Some(&running[1..2]));
+        assert!(rows[1].1.is_some());
+        drop(c);
+        db.close().await;
+    }
+
     /// Priorities first: a freed slot is not handed to the key's next row while a row of
     /// a higher priority that a claim would take waits in the queue (here an ungated
     /// row); the picker's claim takes that row, and the slot stays free for the claim to
