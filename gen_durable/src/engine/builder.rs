@@ -309,6 +309,7 @@ impl EngineBuilder {
             services.push(service::start(
                 Reaper {
                     cfg: cfg.reaper,
+                    lease_ttl: cfg.heartbeat.lease_ttl,
                     db: db.clone(),
                     telemetry: telemetry.clone(),
                 },

@@ -1,6 +1,7 @@
 //! The reaper: takes back rows whose lease expired. A row under its reap limit goes back
-//! to `runnable` (its step runs again, counted as a reap, not an attempt); one past it
-//! fails. Any number of nodes may reap at once: the statement locks with `SKIP LOCKED`.
+//! to `runnable` (its step runs again, counted as a reap); one past it fails. A lease that
+//! ran out while the database was down is not counted (migration 0029). Any number of
+//! nodes may reap at once: the statement locks with `SKIP LOCKED`.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
 use crate::error::{Error, Result};
-use crate::store::pg::lease;
+use crate::store::pg::{lease, millis};
 use crate::telemetry::{Event, Telemetry};
 
 /// The reaper's settings.
@@ -37,6 +38,9 @@ impl ReaperConfig {
 #[derive(Debug)]
 pub(crate) struct Reaper {
     pub(crate) cfg: ReaperConfig,
+    /// The node's lease TTL: a lease that expired less than this after the database
+    /// started was last extended before it went down, and its reap is not counted.
+    pub(crate) lease_ttl: Duration,
     pub(crate) db: Db,
     pub(crate) telemetry: Telemetry,
 }
@@ -91,15 +95,15 @@ impl Service for Reaper {
 
 impl Reaper {
     async fn reap(&self) -> Result<Vec<(i64, bool)>> {
-        let (batch, now) = (self.cfg.batch, self.db.now());
-        on_conn!(self.db, |c| lease::reap(c, batch, now))
+        let (batch, now, ttl) = (self.cfg.batch, self.db.now(), millis(self.lease_ttl));
+        on_conn!(self.db, |c| lease::reap(c, batch, now, ttl))
     }
 
     /// When a batch fails, one row must not stop the reaper (its row stays first in the
     /// reaper's order): reap each expired row alone, and leave the ones that fail — logged
     /// with their id — for an operator.
     async fn one_by_one(&self) -> Vec<(i64, bool)> {
-        let now = self.db.now();
+        let (now, ttl) = (self.db.now(), millis(self.lease_ttl));
         let ids = match lease::expired(self.db.exec(), self.cfg.batch, now).await {
             Ok(ids) => ids,
             Err(e) => {
@@ -109,7 +113,7 @@ impl Reaper {
         };
         let mut reaped = Vec::new();
         for id in ids {
-            match on_conn!(self.db, |c| lease::reap_one(c, id, now)) {
+            match on_conn!(self.db, |c| lease::reap_one(c, id, now, ttl)) {
                 Ok(rows) => reaped.extend(rows),
                 Err(e) => {
                     tracing::error!(target: "gen_durable::reaper", id, error = %e, "this row cannot be reaped")

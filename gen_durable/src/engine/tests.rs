@@ -72,6 +72,7 @@ async fn each_service_does_one_pass_and_emits_its_event() {
     .await;
     let reaper = Reaper {
         cfg: cfg.reaper.clone(),
+        lease_ttl: cfg.heartbeat.lease_ttl,
         db: db.clone(),
         telemetry: telemetry.clone(),
     };
@@ -179,6 +180,58 @@ async fn each_service_does_one_pass_and_emits_its_event() {
         cancelled: vec![held]
     }));
     tdb.close().await;
+}
+
+/// A lease that ran out while the database was down (it expired before the server's start
+/// plus the TTL: last extended before the outage) goes back to `runnable` without
+/// counting toward `max_reaps`; one extended after the start counts as always. Both rows
+/// have `max_reaps = 1`, so a counted reap fails the row.
+#[tokio::test]
+async fn a_lease_a_restart_of_the_database_took_is_not_counted() {
+    let tdb = TestDb::new().await;
+    let pool = tdb.pool().clone();
+    let db = Db::new(pool.clone(), Clock::database(), crate::Pooler::None)
+        .await
+        .unwrap();
+    let (telemetry, _) = recording();
+    let ttl = Duration::from_secs(2);
+    // The server started more than 3 s ago (before the test's database was created).
+    let up: f64 =
+        sqlx::query_scalar("SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(up > 3.0, "PostgreSQL started {up} s ago");
+    let outage = row(
+        &pool,
+        "status = 'executing', locked_by = 'gone', lease_epoch = 1, max_reaps = 1,
+         lease_expires_at = pg_postmaster_start_time() + interval '1 second'",
+    )
+    .await;
+    let crash = row(
+        &pool,
+        "status = 'executing', locked_by = 'gone', lease_epoch = 1, max_reaps = 1,
+         lease_expires_at = now() - interval '1 millisecond'",
+    )
+    .await;
+    let reaper = Reaper {
+        cfg: EngineConfig::default().reaper,
+        lease_ttl: ttl,
+        db,
+        telemetry,
+    };
+    let reaped = reaper.run_once().await.unwrap();
+    assert_eq!(reaped.rows, [(outage, false), (crash, true)]);
+    let (st, reaps, attempt, error): (String, i32, i32, String) = sqlx::query_as(
+        "SELECT status::text, reaps, attempt, last_error FROM gd_instances WHERE id = $1",
+    )
+    .bind(outage)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((st.as_str(), reaps, attempt), ("runnable", 0, 1));
+    assert!(error.contains("while the database was down"), "{error}");
+    assert_eq!(status(&pool, crash).await, "failed");
 }
 
 #[tokio::test]

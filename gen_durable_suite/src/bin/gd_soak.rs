@@ -19,8 +19,8 @@
 //! Options: `--kill-min/--kill-max` (s, default 10/30), `--restart-min/--restart-max`
 //! (s, default 30/60; `--no-pg-restart` to skip), `--step-ms` (default 20), `--fans`
 //! (default 20), `--fan-children` (default 4), `--operator-ms` (between operator
-//! actions, default 500),
-//! `--database-url` (a server; the soak uses its own database `gen_durable_soak`).
+//! actions, default 500), `--max-reaps` (the lost leases a three-step row may take,
+//! default 10), `--database-url` (a server; the soak uses its own database `gen_durable_soak`).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -74,8 +74,13 @@ impl Soak {
 }
 
 async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    pair(pool, &format!("SELECT ({sql}), 0::int8")).await.0
+}
+
+/// Two `int8` columns of one row, as [`scalar`] reads one.
+async fn pair(pool: &PgPool, sql: &str) -> (i64, i64) {
     loop {
-        match sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await {
+        match sqlx::query_as::<_, (i64, i64)>(sql).fetch_one(pool).await {
             Ok(v) => return v,
             Err(sqlx::Error::Database(db))
                 if !db
@@ -274,8 +279,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // outlasts the 3 s lease (recovery took 2.5–7 s) reaps every row in flight, and a
     // reaped row is picked again first. Three rows of one claim failed so in a CI run at
     // `28ad601` (RELIABILITY.md, "The chaos soak"); its rows allow 10 lost leases, the
-    // library's default.
-    sqlx::query("UPDATE gd_instances SET max_reaps = 10 WHERE fsm = 'Audited'")
+    // library's default (`--max-reaps` to change it). Since 0029 a lease a restart took
+    // is not counted.
+    sqlx::query("UPDATE gd_instances SET max_reaps = $1 WHERE fsm = 'Audited'")
+        .bind(args.num("max-reaps", 10) as i32)
         .execute(&pool)
         .await?;
     let fans = args.num("fans", 20) as usize;
@@ -306,13 +313,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut pending_recovery: Vec<(String, Instant)> = Vec::new();
     let mut ops = Operator::default();
     let mut next_op = started + operator_every;
+    // The most lost leases a three-step row has counted on its current step: kills count,
+    // a PostgreSQL restart does not (migration 0029).
+    let mut most_reaps = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let open = scalar(
+        let (open, reaps) = pair(
             &pool,
-            "SELECT count(*) FROM gd_instances WHERE fsm = 'Audited' AND status <> 'done'",
+            "SELECT count(*) FILTER (WHERE status <> 'done'),
+                    coalesce(max(reaps) FILTER (WHERE status <> 'done'), 0)::int8
+               FROM gd_instances WHERE fsm = 'Audited'",
         )
         .await;
+        most_reaps = most_reaps.max(reaps);
         // Recovery time: from a kill until none of the dead node's rows is still held.
         let mut still = Vec::new();
         for (node, at) in pending_recovery.drain(..) {
@@ -433,7 +446,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let max_recovery = recoveries.iter().map(|r| r.1).max().unwrap_or_default();
     let summary = serde_json::json!({
         "instances": instances, "workers": workers, "secs": elapsed.as_secs_f64(),
-        "kills": kills, "pg_restarts": restarts,
+        "kills": kills, "pg_restarts": restarts, "most_reaps": most_reaps,
         "not_done": not_done, "audit_not_once": wrong_audit, "audit_missing": missing_audit,
         "bad_barriers": bad_barriers, "orphan_signals": orphan_signals,
         "operator": { "cancels": ops.cancels, "retries": ops.retries, "refused": ops.refused,

@@ -64,7 +64,9 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'function gd_lease_epoch'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc
                               WHERE proname = 'gd_commit_handoff' AND pronargs = 30)
-                THEN 'function gd_commit_handoff (with slots)' END AS missing,
+                THEN 'function gd_commit_handoff (with slots)'
+            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_reap' AND pronargs = 4)
+                THEN 'function gd_reap (with the lease TTL)' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

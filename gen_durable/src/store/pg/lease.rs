@@ -54,13 +54,16 @@ pub(crate) async fn heartbeat<'e>(
 
 /// Returns expired executing rows to `runnable` with `attempt + 1` (the lost worker's
 /// step will run again; `handle` is not called), or fails them once `reaps` reaches
-/// `max_reaps`: the function `gd_reap` of migration 0005. Bounded and `SKIP LOCKED`, so
-/// any number of nodes may reap at once and none waits behind a caller. A row failed here
-/// is terminal like any other: its inbox goes and its parent is decremented.
-pub(super) const REAP: &str = "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2) ORDER BY id";
+/// `max_reaps`: the function `gd_reap` of migrations 0005 and 0029. A lease that ran out
+/// while the database was down (it expired before the server's start plus `$3`, the lease
+/// TTL) is not counted toward `max_reaps`. Bounded and `SKIP LOCKED`, so any number of
+/// nodes may reap at once and none waits behind a caller. A row failed here is terminal
+/// like any other: its inbox goes and its parent is decremented.
+pub(super) const REAP: &str =
+    "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2, NULL, $3) ORDER BY id";
 
 /// The same for the given rows only, when a batch failed (see the reaper).
-const REAP_ONLY: &str = "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2, $3) ORDER BY id";
+const REAP_ONLY: &str = "/* gd:reap */ SELECT id, failed FROM gd_reap($1, $2, $3, $4) ORDER BY id";
 
 /// The expired rows a reap would take, oldest lease first, for reaping one by one.
 const EXPIRED: &str = r#"/* gd:reap */
@@ -70,15 +73,18 @@ SELECT id FROM gd_instances
  LIMIT $1
 "#;
 
-/// Reaps up to `limit` expired rows; returns `(id, failed)` for each.
+/// Reaps up to `limit` expired rows; returns `(id, failed)` for each. `ttl_ms` is the
+/// lease TTL, which tells the leases a restart of the database took (see [`REAP`]).
 pub(crate) async fn reap<'e>(
     db: impl PgExecutor<'e>,
     limit: i64,
     now: Option<DateTime<Utc>>,
+    ttl_ms: i64,
 ) -> Result<Vec<(i64, bool)>> {
     Ok(sqlx::query_as(REAP)
         .bind(limit)
         .bind(now)
+        .bind(ttl_ms)
         .fetch_all(db)
         .await?)
 }
@@ -88,11 +94,13 @@ pub(crate) async fn reap_one<'e>(
     db: impl PgExecutor<'e>,
     id: i64,
     now: Option<DateTime<Utc>>,
+    ttl_ms: i64,
 ) -> Result<Vec<(i64, bool)>> {
     Ok(sqlx::query_as(REAP_ONLY)
         .bind(1_i64)
         .bind(now)
         .bind(vec![id])
+        .bind(ttl_ms)
         .fetch_all(db)
         .await?)
 }

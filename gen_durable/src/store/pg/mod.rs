@@ -73,8 +73,14 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)>
         ("claim_plain", "gd_claim_plain"),
     ]
     .map(|(name, function)| (name, claim_types, Cow::Owned(claim::body(function))));
+    // The probes reap with two arguments, as before 0029: no TTL, so only leases that
+    // expired before the server started are spared.
+    let reap = (
+        "reap",
+        "int8, timestamptz",
+        Cow::Owned(lease::REAP.replace("$3", "NULL")),
+    );
     let statements = [
-        ("reap", "int8, timestamptz", lease::REAP),
         ("deliver", "int8, text, jsonb, text, timestamptz", signal::DELIVER),
         ("expire_awaits", "int8, timestamptz", lease::EXPIRE_AWAITS),
         ("retry", "int8[], timestamptz, text, int4", control::RETRY),
@@ -102,6 +108,7 @@ pub(crate) fn prepared() -> Vec<(&'static str, &'static str, Cow<'static, str>)>
     ];
     claims
         .into_iter()
+        .chain([reap])
         .chain(statements.map(|(name, types, sql)| (name, types, Cow::Borrowed(sql))))
         .collect()
 }
