@@ -4,14 +4,15 @@
 -- reaper counted each toward `max_reaps`. A few restarts could fail a healthy instance with
 -- "lease lost N times".
 --
--- Now the reaper does not count a lease the restart took: one that expired before
--- `pg_postmaster_start_time() + p_lease_ms` (the caller's lease TTL), that is one last
--- extended before the server went down (a lease extended or granted after the start runs
--- to at least the start plus the TTL). Such a row goes back to `runnable` with
+-- Now the reaper does not count a lease the restart took: one of a row claimed before the
+-- server's start (`updated_at`, which a claim sets and a heartbeat does not) that expired
+-- before `pg_postmaster_start_time() + p_lease_ms` (the caller's lease TTL), that is one
+-- last extended before the server went down (a lease extended or granted after the start
+-- runs to at least the start plus the TTL). Such a row goes back to `runnable` with
 -- `attempt + 1` as before (its step runs again), but its `reaps` stay as they were. A
--- lease extended after the restart and lost later counts as always, so a step that kills
--- its process fails after `max_reaps` whatever the server does; each restart spares a row
--- at most one reap.
+-- lease granted after the restart counts as always, whatever the TTLs of the nodes, so a
+-- step that kills its process fails after `max_reaps` whatever the server does; each
+-- restart spares a row at most one reap.
 --
 -- Only with the database clock (`p_now` NULL): a manual clock's times are not the server's.
 -- A caller that does not pass a TTL (a node of the version before) is spared only the
@@ -31,11 +32,10 @@ RETURNS TABLE (id int8, failed bool) LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     t       timestamptz := coalesce(p_now, statement_timestamp());
     -- Leases that expired before this are the restart's (never, with a manual clock).
-    spared  timestamptz := CASE WHEN p_now IS NULL
-                                THEN pg_postmaster_start_time()
-                                     + coalesce(p_lease_ms, 0) * interval '1 millisecond'
+    started timestamptz := CASE WHEN p_now IS NULL THEN pg_postmaster_start_time()
                                 ELSE '-infinity' END;
     cand    int8[];
+    spared  int8[];
     parents int8[];
     rows_   int8[];
     fails   int8[];
@@ -52,20 +52,22 @@ BEGIN
     IF cardinality(cand) = 0 THEN
         RETURN;
     END IF;
-    -- A row fails when this reap counts (its lease expired after `spared`) and reaches
-    -- its limit, or when its instance was cancelled.
+    -- The leases the restart took: claimed before the start, expired before start + TTL.
+    SELECT coalesce(array_agg(i.id), '{}') INTO spared FROM gd_instances i
+     WHERE i.id = ANY (cand) AND i.updated_at < started
+       AND i.lease_expires_at < started + coalesce(p_lease_ms, 0) * interval '1 millisecond';
+    -- A row fails when this reap counts (it is not spared) and reaches its limit, or when
+    -- its instance was cancelled.
     SELECT coalesce(array_agg(x.id), '{}') INTO parents FROM (
         SELECT p.id FROM gd_instances p
          WHERE p.id IN (SELECT i.parent_id FROM gd_instances i
                          WHERE i.id = ANY (cand) AND i.parent_id IS NOT NULL
                            AND (i.cancel_requested
-                                OR (i.lease_expires_at >= spared AND i.reaps + 1 >= i.max_reaps)))
+                                OR (i.id <> ALL (spared) AND i.reaps + 1 >= i.max_reaps)))
          ORDER BY p.id
            FOR NO KEY UPDATE SKIP LOCKED) x;
     WITH counted AS (
-        SELECT i.id, i.lease_expires_at >= spared AS counts
-          FROM gd_instances i
-         WHERE i.id = ANY (cand)
+        SELECT c.id, c.id <> ALL (spared) AS counts FROM unnest(cand) AS c(id)
     ), reaped AS (
         UPDATE gd_instances i
            SET status = (CASE WHEN i.cancel_requested OR (c.counts AND i.reaps + 1 >= i.max_reaps)

@@ -38,8 +38,9 @@ impl ReaperConfig {
 #[derive(Debug)]
 pub(crate) struct Reaper {
     pub(crate) cfg: ReaperConfig,
-    /// The node's lease TTL: a lease that expired less than this after the database
-    /// started was last extended before it went down, and its reap is not counted.
+    /// The node's lease TTL: a lease of a row claimed before the database started that
+    /// expired less than this after the start was last extended before the server went
+    /// down, and its reap is not counted.
     pub(crate) lease_ttl: Duration,
     pub(crate) db: Db,
     pub(crate) telemetry: Telemetry,

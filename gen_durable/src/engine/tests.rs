@@ -182,10 +182,12 @@ async fn each_service_does_one_pass_and_emits_its_event() {
     tdb.close().await;
 }
 
-/// A lease that ran out while the database was down (it expired before the server's start
-/// plus the TTL: last extended before the outage) goes back to `runnable` without
-/// counting toward `max_reaps`; one extended after the start counts as always. Both rows
-/// have `max_reaps = 1`, so a counted reap fails the row.
+/// A lease that ran out while the database was down (claimed before the server's start and
+/// expired before the start plus the TTL: last extended before the outage) goes back to
+/// `runnable` without counting toward `max_reaps`; one that expired after the start plus
+/// the TTL counts as always, and so does one claimed after the start (a node of a shorter
+/// TTL), however early it expired. Every row has `max_reaps = 1`, so a counted reap fails
+/// the row.
 #[tokio::test]
 async fn a_lease_a_restart_of_the_database_took_is_not_counted() {
     let tdb = TestDb::new().await;
@@ -205,13 +207,21 @@ async fn a_lease_a_restart_of_the_database_took_is_not_counted() {
     let outage = row(
         &pool,
         "status = 'executing', locked_by = 'gone', lease_epoch = 1, max_reaps = 1,
-         lease_expires_at = pg_postmaster_start_time() + interval '1 second'",
+         lease_expires_at = pg_postmaster_start_time() + interval '1 second',
+         updated_at = pg_postmaster_start_time() - interval '1 second'",
     )
     .await;
     let crash = row(
         &pool,
         "status = 'executing', locked_by = 'gone', lease_epoch = 1, max_reaps = 1,
          lease_expires_at = now() - interval '1 millisecond'",
+    )
+    .await;
+    let short = row(
+        &pool,
+        "status = 'executing', locked_by = 'gone', lease_epoch = 1, max_reaps = 1,
+         lease_expires_at = pg_postmaster_start_time() + interval '1 second',
+         updated_at = pg_postmaster_start_time() + interval '500 milliseconds'",
     )
     .await;
     let reaper = Reaper {
@@ -221,7 +231,9 @@ async fn a_lease_a_restart_of_the_database_took_is_not_counted() {
         telemetry,
     };
     let reaped = reaper.run_once().await.unwrap();
-    assert_eq!(reaped.rows, [(outage, false), (crash, true)]);
+    let mut rows = reaped.rows;
+    rows.sort_unstable();
+    assert_eq!(rows, [(outage, false), (crash, true), (short, true)]);
     let (st, reaps, attempt, error): (String, i32, i32, String) = sqlx::query_as(
         "SELECT status::text, reaps, attempt, last_error FROM gd_instances WHERE id = $1",
     )
@@ -232,6 +244,7 @@ async fn a_lease_a_restart_of_the_database_took_is_not_counted() {
     assert_eq!((st.as_str(), reaps, attempt), ("runnable", 0, 1));
     assert!(error.contains("while the database was down"), "{error}");
     assert_eq!(status(&pool, crash).await, "failed");
+    assert_eq!(status(&pool, short).await, "failed");
 }
 
 #[tokio::test]

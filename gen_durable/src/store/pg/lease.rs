@@ -55,8 +55,8 @@ pub(crate) async fn heartbeat<'e>(
 /// Returns expired executing rows to `runnable` with `attempt + 1` (the lost worker's
 /// step will run again; `handle` is not called), or fails them once `reaps` reaches
 /// `max_reaps`: the function `gd_reap` of migrations 0005 and 0029. A lease that ran out
-/// while the database was down (it expired before the server's start plus `$3`, the lease
-/// TTL) is not counted toward `max_reaps`. Bounded and `SKIP LOCKED`, so any number of
+/// while the database was down (its row claimed before the server's start, and expired
+/// before the start plus `$3`, the lease TTL) is not counted toward `max_reaps`. Bounded and `SKIP LOCKED`, so any number of
 /// nodes may reap at once and none waits behind a caller. A row failed here is terminal
 /// like any other: its inbox goes and its parent is decremented.
 pub(super) const REAP: &str =
