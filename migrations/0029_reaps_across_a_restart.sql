@@ -31,7 +31,7 @@ RETURNS TABLE (id int8, failed bool) LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     t       timestamptz := coalesce(p_now, statement_timestamp());
-    -- Leases that expired before this are the restart's (never, with a manual clock).
+    -- The server's start ('-infinity', so that nothing is spared, with a manual clock).
     started timestamptz := CASE WHEN p_now IS NULL THEN pg_postmaster_start_time()
                                 ELSE '-infinity' END;
     cand    int8[];
