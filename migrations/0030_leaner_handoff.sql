@@ -61,21 +61,22 @@ WITH ended AS (
                         WHERE x.status = 'executing' AND x.gate = e.gate
                           AND x.partition_key = e.key AND x.gate_slot >= g.size)
 ), picked AS MATERIALIZED (
-    -- The key's next rows, as many as its slots, in pick order.
+    -- The key's next rows, as many as its slots, in pick order, each given the slot of its
+    -- rank among them (numbered here, per key, over the few rows the scan returns).
     SELECT n.id, n.priority, n.eligible_at, k.queue, k.gate, k.key, k.slots[n.rn] AS slot
       FROM freed k
      CROSS JOIN LATERAL (
-      SELECT o.*, row_number() OVER (ORDER BY o.priority, o.eligible_at, o.id) AS rn FROM (
-        SELECT i.id, i.priority, i.eligible_at
-          FROM gd_instances i
-         WHERE i.queue = k.queue AND i.gate = k.gate AND i.partition_key = k.key
-           AND i.status = 'runnable'
-           AND i.eligible_at <= coalesce(p_now, now())
-           AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions))
-           AND NOT (i.rate_limit IS NOT NULL AND i.rate_step = i.step AND NOT i.rate_paid)
-         ORDER BY i.priority, i.eligible_at, i.id
-         LIMIT cardinality(k.slots)
-           FOR NO KEY UPDATE SKIP LOCKED) o) n
+        SELECT o.*, row_number() OVER (ORDER BY o.priority, o.eligible_at, o.id) AS rn
+          FROM (SELECT i.id, i.priority, i.eligible_at
+                  FROM gd_instances i
+                 WHERE i.queue = k.queue AND i.gate = k.gate AND i.partition_key = k.key
+                   AND i.status = 'runnable'
+                   AND i.eligible_at <= coalesce(p_now, now())
+                   AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions))
+                   AND NOT (i.rate_limit IS NOT NULL AND i.rate_step = i.step AND NOT i.rate_paid)
+                 ORDER BY i.priority, i.eligible_at, i.id
+                 LIMIT cardinality(k.slots)
+                   FOR NO KEY UPDATE SKIP LOCKED) o) n
 ), bar AS (
     -- Priorities first: the highest-priority row of the queue, above the key's candidates,
     -- that a claim would take (due, of a version the node runs, not of a K = 1 key running
