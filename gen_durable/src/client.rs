@@ -248,6 +248,7 @@ impl Client {
             name: name.into(),
             payload,
             dedup_key: None,
+            shard: None,
         }
     }
 
@@ -561,6 +562,8 @@ pub struct SignalSend<'c> {
     name: String,
     payload: Value,
     dedup_key: Option<String>,
+    /// The shard of a [`crate::ShardedClient`] it goes to, named by its database errors.
+    shard: Option<usize>,
 }
 
 impl SignalSend<'_> {
@@ -570,9 +573,21 @@ impl SignalSend<'_> {
         self
     }
 
+    /// Delivered on shard `shard` of a [`crate::ShardedClient`]: its database errors
+    /// name it.
+    pub(crate) fn on_shard(mut self, shard: usize) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
     /// Checks the target, name, payload and dedup key, then delivers on `db` in one
     /// statement.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
+        let shard = self.shard;
+        self.deliver(db).await.map_err(|e| e.on_shard(shard))
+    }
+
+    async fn deliver<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
         crate::validate::check_target(&self.target)?;
         crate::validate::check_signal(
             &self.name,

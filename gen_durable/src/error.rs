@@ -178,9 +178,29 @@ pub enum Error {
     /// The database returned an error or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database of shard `shard` of a [`crate::ShardedClient`] returned an error or
+    /// could not be reached: [`Error::Database`], naming the shard.
+    #[error("shard {shard}: database error: {source}")]
+    Shard {
+        /// The shard's index in the [`crate::ShardedClient`].
+        shard: usize,
+        /// The database's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// Running the migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl Error {
+    /// This error as met on shard `shard` (if any): a database error names the shard.
+    pub(crate) fn on_shard(self, shard: Option<usize>) -> Error {
+        match (self, shard) {
+            (Error::Database(source), Some(shard)) => Error::Shard { shard, source },
+            (e, _) => e,
+        }
+    }
 }
 
 /// `Result<T, gen_durable::Error>`.

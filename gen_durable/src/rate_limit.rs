@@ -10,12 +10,22 @@
 //!
 //! Tokens are taken in the pick's order (priority, then eligibility, then id). A row
 //! whose tokens are not there yet is not turned away: it reserves them (the bucket goes
-//! below zero) and becomes runnable at the instant they are due, so it never spins, no
-//! row behind it takes the tokens it is owed, and its queue's other rows run meanwhile.
-//! The bucket refills lazily from the database clock: `min(burst, tokens + elapsed ×
-//! rate)` at each admission. A new limit or burst applies from the next admission; rows
-//! that already reserved keep their time.
-
+//! below zero, and counts them as `held`) and becomes runnable at the instant they are
+//! due, so it never spins, no row behind it takes the tokens it is owed, and its queue's
+//! other rows run meanwhile. The bucket refills lazily from the database clock at each
+//! admission, to at most `burst - held`: `min(burst - held, tokens + elapsed × rate)`.
+//!
+//! A reservation is a debt the row carries until it starts (migration 0031):
+//! - a reserved row starts only when its bucket holds its tokens, first in the bucket's
+//!   line (ahead of rows that have not reserved). One that comes late — its queue was
+//!   paused, no node was up, an operator restarted it — is not let through on top of a
+//!   refilled bucket: if the tokens are not there it waits again, keeping its place;
+//! - cancelling a reserved row gives its tokens back to the bucket;
+//! - a restart at another step (where the limit does not apply) gives them back too; a
+//!   restart at the limited step, like a retry, keeps the reservation and its place;
+//! - a new rate or burst applies from the next admission, reserved rows included.
+//!
+//! A due time is at most ~95 years away, whatever the limit and the debt.
 use std::time::Duration;
 
 use serde::Serialize;

@@ -38,6 +38,10 @@ impl fmt::Display for ShardedId {
     }
 }
 
+/// How long a pool of [`ShardedClient::connect_lazy`] waits for a connection before its
+/// call fails: a down shard's calls fail in this time, not in sqlx's default 30 s.
+pub const SHARD_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// [`Client`]s over several PostgreSQL databases (*shards*), routing each instance by a
 /// stable hash of its key. Cheap to clone.
 ///
@@ -115,6 +119,26 @@ impl ShardedClient {
         Ok(ShardedClient { shards })
     }
 
+    /// A client over the databases at `urls`, in shard order, each through a pool that
+    /// connects when first used and waits at most [`SHARD_ACQUIRE_TIMEOUT`] for a
+    /// connection (sqlx's default is 30 s): a shard whose database is down fails its
+    /// calls in that time, with [`Error::Shard`], while the others go on. For other
+    /// pool settings, build each pool yourself (keep an `acquire_timeout` of a few
+    /// seconds) and use [`ShardedClient::new`]. A URL that does not parse is
+    /// [`Error::InvalidConfig`], naming its shard.
+    pub fn connect_lazy<U: AsRef<str>>(urls: impl IntoIterator<Item = U>) -> Result<Self> {
+        let clients = (urls.into_iter().enumerate())
+            .map(|(shard, url)| {
+                sqlx::postgres::PgPoolOptions::new()
+                    .acquire_timeout(SHARD_ACQUIRE_TIMEOUT)
+                    .connect_lazy(url.as_ref())
+                    .map(Client::new)
+                    .map_err(|e| Error::InvalidConfig(format!("shard {shard}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ShardedClient::new(clients)
+    }
+
     /// Every shard's client, in shard order.
     pub fn shards(&self) -> &[Client] {
         &self.shards
@@ -168,27 +192,34 @@ impl ShardedClient {
         payload: Value,
     ) -> SignalSend<'_> {
         let key = key.0.into();
-        self.client(&key).signal(Key(key), name, payload)
+        let shard = self.shard_of(&key);
+        self.shards[shard]
+            .signal(Key(key), name, payload)
+            .on_shard(shard)
     }
 
     /// Waits for the instance holding (or last inserted with) correlation key `key`, on
     /// the shard the key routes to: [`Client::wait`] of that shard's client.
     pub fn wait<S: Into<String>>(&self, key: Key<S>) -> Wait<'_> {
         let key = key.0.into();
-        self.client(&key).wait(Key(key))
+        let shard = self.shard_of(&key);
+        self.shards[shard].wait(Key(key)).on_shard(shard)
     }
 
     /// Why the instance holding (or last inserted with) correlation key `key` is not
     /// running, on the shard the key routes to: [`Client::explain`] of that shard's client.
     pub async fn explain<S: Into<String>>(&self, key: Key<S>) -> Result<Explanation> {
         let key = key.0.into();
-        self.client(&key).explain(Key(key)).await
+        let shard = self.shard_of(&key);
+        let explained = self.shards[shard].explain(Key(key)).await;
+        explained.map_err(|e| e.on_shard(Some(shard)))
     }
 
     /// Why instance `at` is not running ([`Client::explain`] on its shard);
     /// [`Error::InvalidInput`] if its shard is not one of this client's.
     pub async fn explain_id(&self, at: ShardedId) -> Result<Explanation> {
-        self.on(at)?.explain(at.id).await
+        let explained = self.on(at)?.explain(at.id).await;
+        explained.map_err(|e| e.on_shard(Some(at.shard)))
     }
 
     /// Starts a signal delivery to instance `at`; [`Error::InvalidInput`] if its shard
@@ -199,23 +230,25 @@ impl ShardedClient {
         name: impl Into<String>,
         payload: Value,
     ) -> Result<SignalSend<'_>> {
-        Ok(self.on(at)?.signal(at.id, name, payload))
+        Ok(self.on(at)?.signal(at.id, name, payload).on_shard(at.shard))
     }
 
     /// Waits for instance `at`; [`Error::InvalidInput`] if its shard is not one of this
     /// client's.
     pub fn wait_id(&self, at: ShardedId) -> Result<Wait<'_>> {
-        Ok(self.on(at)?.wait(at.id))
+        Ok(self.on(at)?.wait(at.id).on_shard(at.shard))
     }
 
     /// Cancels instance `at` and its live children ([`Client::cancel`] on its shard).
     pub async fn cancel(&self, at: ShardedId) -> Result<Cancelled> {
-        self.on(at)?.cancel(at.id).await
+        let cancelled = self.on(at)?.cancel(at.id).await;
+        cancelled.map_err(|e| e.on_shard(Some(at.shard)))
     }
 
     /// Makes the failed instance `at` runnable again ([`Client::retry`] on its shard).
     pub async fn retry(&self, at: ShardedId) -> Result<()> {
-        self.on(at)?.retry(at.id).await
+        let retried = self.on(at)?.retry(at.id).await;
+        retried.map_err(|e| e.on_shard(Some(at.shard)))
     }
 
     /// Waits for every shard's client's background work ([`Client::flush`]).
@@ -278,7 +311,8 @@ impl<'c, F: Fsm> ShardedInsert<'c, F> {
     /// shard would store the instance where no routed call finds it.
     pub async fn execute<'e>(self, db: impl PgExecutor<'e>) -> Result<ShardedId> {
         let shard = self.shard;
-        let id = self.routed()?.execute(db).await?;
+        let id = self.routed()?.execute(db).await;
+        let id = id.map_err(|e| e.on_shard(Some(shard)))?;
         Ok(ShardedId { shard, id })
     }
 
@@ -311,7 +345,7 @@ impl<'c, F: Fsm> IntoFuture for ShardedInsert<'c, F> {
     fn into_future(self) -> Self::IntoFuture {
         let shard = self.shard;
         Box::pin(async move {
-            let id = self.routed()?.await?;
+            let id = self.routed()?.await.map_err(|e| e.on_shard(Some(shard)))?;
             Ok(ShardedId { shard, id })
         })
     }

@@ -145,6 +145,8 @@ pub struct Wait<'c> {
     target: Target,
     timeout: Duration,
     until_terminal: bool,
+    /// The shard of a [`crate::ShardedClient`] it reads, named by its database errors.
+    shard: Option<usize>,
 }
 
 impl<'c> Wait<'c> {
@@ -154,10 +156,24 @@ impl<'c> Wait<'c> {
             target,
             timeout: DEFAULT_WAIT,
             until_terminal: false,
+            shard: None,
         }
     }
 
-    /// Waits at most this long (default 5 s), then answers [`Settled::Busy`].
+    /// A wait on shard `shard` of a [`crate::ShardedClient`]: its database errors name it.
+    pub(crate) fn on_shard(mut self, shard: usize) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    /// Waits at most this long (default 5 s), then answers [`Settled::Busy`]. The
+    /// deadline bounds the wait for a database connection too: if the pool has none to
+    /// give before it (a saturated pool, a database that does not answer), the wait
+    /// returns at the deadline, with `Busy` as of its last read, or, if it could not read
+    /// at all, with [`Error::Database`](crate::Error::Database)`(PoolTimedOut)`. A zero
+    /// timeout reads once, waiting for a connection as long as the pool does.
+    /// [`Duration::MAX`] (or any time too far to add to now) waits until the instance
+    /// settles.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -172,7 +188,10 @@ impl<'c> Wait<'c> {
     async fn run(self) -> Result<Settled> {
         let started = Instant::now();
         let mut id = None;
-        let answer = self.answer(&mut id).await;
+        let answer = self
+            .answer(&mut id)
+            .await
+            .map_err(|e| e.on_shard(self.shard));
         self.client.telemetry().emit(Event::WaitStop {
             duration: started.elapsed(),
             id,
@@ -184,36 +203,85 @@ impl<'c> Wait<'c> {
     /// The answer; `resolved` is the id once the target is resolved.
     async fn answer(&self, resolved: &mut Option<i64>) -> Result<Settled> {
         crate::validate::check_target(&self.target)?;
-        let pool = self.client.pooler().pool(self.client.pool());
-        let deadline = Instant::now() + self.timeout;
+        let (pool, pooler) = (self.client.pool(), self.client.pooler());
+        // None: no deadline (R4B-5: `Duration::MAX` overflowed the addition).
+        let deadline = Instant::now().checked_add(self.timeout);
+        // A deadline already past bounds neither the key's lookup nor the first read of
+        // the row (`first_read`).
+        let mut bound = first_read(deadline);
         let id = match &self.target {
             Target::Id(id) => *id,
-            Target::Key(key) => match pg::wait::id_by_key(pool, key).await? {
-                Some(id) => id,
-                None => return Err(not_found(&self.target)),
-            },
+            Target::Key(key) => {
+                let Some(mut conn) = connection(pool, bound).await? else {
+                    return Err(unanswered());
+                };
+                match pg::wait::id_by_key(pooler.alone(&mut *conn), key).await? {
+                    Some(id) => id,
+                    None => return Err(not_found(&self.target)),
+                }
+            }
         };
         *resolved = Some(id);
         // Registered before the first read, so a commit between the read and the sleep
         // leaves its wake-up behind.
         let waiting = self.client.waiters().register(id, !self.until_terminal);
+        let mut last = None;
         loop {
-            let Some(row) = pg::wait::read(pool, id).await? else {
+            // No connection by the deadline (R4B-4): `Busy` as of the last read, in time.
+            let Some(mut conn) = connection(pool, bound).await? else {
+                return last.map(|row: WaitRow| row.busy()).ok_or_else(unanswered);
+            };
+            bound = deadline;
+            let read = pg::wait::read(pooler.alone(&mut *conn), id).await?;
+            drop(conn);
+            let Some(row) = read else {
                 return Ok(Settled::Gone);
             };
             if let Some(settled) = row.settled(self.until_terminal) {
                 return Ok(settled);
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(row.busy());
             }
-            let recheck = (Instant::now() + self.client.waiters().recheck()).min(deadline);
+            let recheck = Instant::now() + self.client.waiters().recheck();
+            let recheck = deadline.map_or(recheck, |d| recheck.min(d));
             tokio::select! {
                 _ = waiting.entry.notify.notified() => {}
                 _ = tokio::time::sleep_until(recheck) => {}
             }
+            last = Some(row);
         }
     }
+}
+
+/// The bound of a wait's first read of its row (and of a key's lookup before it): its
+/// deadline, unless that has passed already (a zero timeout, which reads once): then
+/// none but the pool's own. Every later read is bounded by the deadline.
+fn first_read(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.filter(|&d| d > Instant::now())
+}
+
+/// A connection for one read: one the pool gives before `deadline`, or `None`. The
+/// deadline bounds the wait for a connection, where a saturated pool would hold a waiter
+/// for its acquire timeout; a read that has its connection (one statement by primary
+/// key) runs to its end.
+async fn connection(
+    pool: &sqlx::PgPool,
+    deadline: Option<Instant>,
+) -> Result<Option<sqlx::pool::PoolConnection<sqlx::Postgres>>> {
+    let acquired = match deadline {
+        Some(d) => match tokio::time::timeout_at(d, pool.acquire()).await {
+            Ok(acquired) => acquired,
+            Err(_) => return Ok(None),
+        },
+        None => pool.acquire().await,
+    };
+    Ok(Some(acquired?))
+}
+
+/// A wait whose deadline passed before the pool gave it a connection for a first read.
+fn unanswered() -> crate::Error {
+    crate::Error::Database(sqlx::Error::PoolTimedOut)
 }
 
 impl<'c> IntoFuture for Wait<'c> {

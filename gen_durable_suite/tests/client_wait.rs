@@ -259,3 +259,45 @@ async fn a_wait_sees_the_commit_of_an_engine_in_another_process() {
     drop(worker);
     db.close().await;
 }
+
+/// R4B-4: the deadline bounds the wait's reads. With every connection of the pool held,
+/// `timeout(200 ms)` returns at about 200 ms, not after the pool's acquire timeout (30 s),
+/// with `PoolTimedOut` (no read answered, so there is no status to report as `Busy`).
+#[tokio::test]
+async fn r4b_4_a_wait_returns_at_its_deadline_when_the_pool_is_busy() {
+    let db = TestDb::with_pool_size(3).await;
+    let gd = Client::new(db.pool().clone()).with_registry(registry());
+    let id = gd.insert::<Waiter>(Count::default()).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(db.pool().acquire().await.unwrap());
+    }
+    let started = Instant::now();
+    let answer = gd.wait(id).timeout(Duration::from_millis(200)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            answer,
+            Err(gen_durable::Error::Database(sqlx::Error::PoolTimedOut))
+        ),
+        "{answer:?}"
+    );
+    assert!(took < Duration::from_secs(3), "returned after {took:?}");
+
+    drop(held);
+    db.close().await;
+}
+
+/// R4B-5: `timeout(Duration::MAX)` means no deadline: the wait answers when the instance
+/// settles, where it panicked on an overflow.
+#[tokio::test]
+async fn r4b_5_a_wait_without_a_deadline_waits_until_the_instance_settles() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone()).with_registry(registry());
+    let id = gd.insert::<Waiter>(Count::default()).await.unwrap();
+    let engine = engine(&db).await;
+    let parked = gd.wait(id).timeout(Duration::MAX).await.unwrap();
+    assert!(matches!(parked, Settled::Parked { .. }), "{parked:?}");
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}

@@ -315,3 +315,74 @@ async fn run_ahead_steps_update_their_row_in_place() {
     );
     db.close().await;
 }
+
+/// Step `a` of [`Paused`] has started; the test lets it finish with [`RELEASE`].
+static STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+static RELEASE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[durable_fsm(state = Count, queue = "ahead-paused", run_ahead = true)]
+enum Paused {
+    #[initial]
+    A,
+    B,
+    C,
+}
+
+#[durable_steps]
+impl Paused {
+    async fn a(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        STARTED.notify_one();
+        RELEASE.notified().await;
+        Ok(Step::next(Paused::B))
+    }
+    async fn b(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        ctx.state.log.push("b".into());
+        Ok(Step::next(Paused::C))
+    }
+    async fn c(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        ctx.state.log.push("c".into());
+        Ok(Step::done(json!(ctx.state.log)))
+    }
+}
+
+/// R4-3: a queue paused while a run-ahead instance runs stops it at its next step: the
+/// `next` commits, and the row goes back to its queue, runnable at `b`, instead of
+/// running every further step to `done` while the queue is paused. Resuming runs the
+/// rest.
+#[tokio::test]
+async fn r4_3_a_pause_stops_a_run_ahead_instance_at_its_next_step() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let id = gd.insert::<Paused>(Count::default()).await.unwrap();
+    let mut reg = Registry::new();
+    reg.register::<Paused>();
+    let engine = Engine::builder(db.pool().clone())
+        .with_registry(reg)
+        .queue_with(
+            "ahead-paused",
+            QueueConfig::new(2).with_poll_interval(Duration::from_millis(50)),
+        )
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), STARTED.notified())
+        .await
+        .expect("step a started");
+    assert!(gd.pause_queue("ahead-paused", None).await.unwrap());
+    RELEASE.notify_one();
+    let pool = db.pool();
+    common::eventually(10, "the row back in its queue at b", || async move {
+        column(pool, id, "step").await.as_deref() == Some("b")
+            && common::status(pool, id).await == "runnable"
+    })
+    .await;
+    assert_eq!(column(pool, id, "locked_by").await, None);
+    assert!(gd.resume_queue("ahead-paused").await.unwrap());
+    assert_eq!(finished(pool, id, 10).await, "done");
+    assert_eq!(
+        column(pool, id, "result").await.as_deref(),
+        Some(r#"["b", "c"]"#)
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}

@@ -391,3 +391,55 @@ async fn an_empty_list_of_shards_is_a_typed_error() {
     let err = ShardedClient::new(Vec::new()).unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
 }
+
+/// R4B-6: a down shard's calls fail fast and name the shard. Shard 1 is a pool of
+/// `connect_lazy` to a port where no server listens: an insert routed to it fails within
+/// a few seconds (`SHARD_ACQUIRE_TIMEOUT`, not sqlx's 30 s) with `Error::Shard` naming
+/// shard 1, and shard 0 goes on.
+#[tokio::test]
+async fn r4b_6_a_down_shard_fails_fast_and_names_itself() {
+    let db = TestDb::new().await;
+    let o = db.options();
+    let up = format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        db.name()
+    );
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let gd = ShardedClient::connect_lazy([up.as_str(), down.as_str()]).unwrap();
+    let key = |shard: usize| {
+        (0..)
+            .map(|n| format!("order:{n}"))
+            .find(|k| gd.shard_of(k) == shard)
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    let e = gd
+        .insert::<Parked>(key(1), Count::default())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(&e, Error::Shard { shard: 1, .. }),
+        "{e:?} ({e}) names shard 1"
+    );
+    assert!(e.to_string().starts_with("shard 1: "), "{e}");
+    assert!(took < Duration::from_secs(10), "failed after {took:?}");
+    let e = gd
+        .wait(Key(key(1)))
+        .timeout(Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, Error::Shard { shard: 1, .. }), "{e:?}");
+    let up_id = gd.insert::<Parked>(key(0), Count::default()).await.unwrap();
+    assert_eq!(up_id.shard, 0);
+    db.close().await;
+}

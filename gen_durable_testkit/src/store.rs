@@ -16,6 +16,7 @@ use gen_durable::{
 };
 use serde_json::Value;
 
+use crate::bucket::{self, Bucket};
 use crate::instance::Instance;
 
 mod bulk;
@@ -45,7 +46,8 @@ pub(crate) struct Row {
     pub(crate) rate_limit: Option<(String, String)>,
     pub(crate) rate_weight: f64,
     pub(crate) rate_step: Option<String>,
-    /// Its tokens are reserved: it runs when due without another admission.
+    /// Its tokens are reserved (its bucket counts them as held): when due, it starts as
+    /// soon as its bucket holds them, ahead of rows that have not reserved.
     pub(crate) rate_paid: bool,
     pub(crate) eligible_at: DateTime<Utc>,
     pub(crate) attempt: i32,
@@ -115,8 +117,8 @@ pub(crate) struct Store {
     gates: BTreeMap<String, u32>,
     /// `gd_rate_limits`: tokens per second and burst, by name.
     rate_limits: BTreeMap<String, (f64, f64)>,
-    /// `gd_buckets`: tokens at an instant, by (limit, key).
-    buckets: BTreeMap<(String, String), (f64, DateTime<Utc>)>,
+    /// `gd_buckets`, by (limit, key).
+    buckets: BTreeMap<(String, String), Bucket>,
 }
 
 /// Whether the kit claims rows of `(fsm, version)`: the pick's filter of the engine
@@ -401,36 +403,67 @@ impl Store {
         self.gates.get(name).copied()
     }
 
-    /// The claim's admission of picked row `id` against its rate limit: true if it runs
-    /// now (its tokens taken, or reserved before); false if its tokens are not there yet,
-    /// when it reserves them and waits, runnable, until they are due.
+    /// The claim's admission of picked row `id` against its rate limit (migration 0031):
+    /// true if it runs now (the tokens it takes now, or reserved before, are there);
+    /// false if it waits, runnable, until they are due. A row that has not reserved
+    /// reserves its tokens behind everything reserved; a reserved row comes first in
+    /// line, and if its bucket does not hold them, it waits again, keeping its
+    /// reservation. One row at a time, as the engine's claims of a batch of one.
     pub(crate) fn admit(&mut self, id: i64, now: DateTime<Utc>) -> bool {
         let row = &self.rows[&id];
-        let Some((name, key)) = row.rate_limit.clone() else {
+        let Some(key) = row.rate_limit.clone() else {
             return true;
         };
-        if row.rate_step.as_deref() != Some(row.step.as_str()) || row.rate_paid {
-            self.rows.get_mut(&id).expect("picked").rate_paid = false;
+        let paid = row.rate_paid;
+        if !paid && row.rate_step.as_deref() != Some(row.step.as_str()) {
             return true;
         }
         let weight = row.rate_weight;
-        let (rate, burst) = self.rate_limits[&name];
-        let avail = match self.buckets.get(&(name.clone(), key.clone())) {
-            None => burst,
-            Some(&(tokens, at)) => burst.min(
-                tokens + (now - at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6 * rate,
-            ),
-        };
-        self.buckets.insert((name, key), (avail - weight, now));
+        let (rate, burst) = self.rate_limits[&key.0];
+        let mut bucket = self
+            .buckets
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| Bucket::full(burst, now));
+        if paid {
+            bucket.held = bucket.held.max(weight);
+        }
+        let avail = bucket.avail(rate, burst, now);
+        let room = avail + bucket.held;
+        // Its place in line: a reserved row's own weight; a new one's after all reserved.
+        let pos = if paid { weight } else { bucket.held + weight };
+        let admitted = pos <= room;
         let row = self.rows.get_mut(&id).expect("picked");
-        if weight <= avail {
+        if admitted {
+            if paid {
+                bucket.held = (bucket.held - weight).max(0.0);
+            }
             row.rate_paid = false;
-            true
         } else {
-            let wait = (weight - avail) / rate;
-            row.eligible_at = now + chrono::Duration::microseconds((wait * 1e6).round() as i64);
-            row.rate_paid = true;
-            false
+            // It waits for its tokens; one that had not reserved reserves them now.
+            row.eligible_at = bucket::due(now, pos - room, rate);
+            if !paid {
+                row.rate_paid = true;
+                bucket.held += weight;
+            }
+        }
+        // What rows that had not reserved took (now, or as a reservation).
+        bucket.tokens = avail - if paid { 0.0 } else { weight };
+        bucket.at = now;
+        self.buckets.insert(key, bucket);
+        admitted
+    }
+
+    /// Gives back the tokens runnable row `id` reserved, if it did (a cancel, a restart
+    /// at another step).
+    fn refund(&mut self, id: i64) {
+        let row = self.rows.get_mut(&id).expect("a row");
+        let reserved = row.status == Status::Runnable && row.rate_paid;
+        row.rate_paid = false;
+        if let (true, Some(key)) = (reserved, row.rate_limit.as_ref()) {
+            if let Some(b) = self.buckets.get_mut(key) {
+                b.refund(row.rate_weight);
+            }
         }
     }
 
@@ -725,6 +758,7 @@ impl Store {
         tree.sort_unstable();
         let mut failed = Vec::new();
         for &t in &tree {
+            self.refund(t);
             let row = self.rows.get_mut(&t).expect("tree rows exist");
             if matches!(
                 row.status,
@@ -795,6 +829,7 @@ impl Store {
         }
         let row = self.rows.get_mut(&id).expect("checked above");
         row.status = status;
+        row.rate_paid = false;
         row.attempt = 0;
         row.reaps = 0;
         row.children_pending = live;
@@ -866,6 +901,10 @@ impl Store {
             {
                 return RestartFound::KeyTaken;
             }
+        }
+        let keeps = self.rows[&id].rate_step.as_deref() == Some(step);
+        if !keeps || self.rows[&id].status != Status::Runnable {
+            self.refund(id);
         }
         let row = self.rows.get_mut(&id).expect("checked above");
         row.step = step.to_string();

@@ -207,3 +207,104 @@ pub async fn a_row_cancelled_while_waiting_for_tokens_fails_and_keeps_the_others
     assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
     b.get(ids[2]).await.assert_status(Status::Done);
 }
+
+/// R4-1: reserved rows made due now by an operator (a restart at the limited step, a
+/// cancel then a retry) do not start for free: they start only when their bucket holds
+/// their tokens, one per token interval. "1 per 4 s, burst 1" started all five rows at
+/// once before migration 0031.
+pub async fn r4_1_a_restart_or_a_cancel_and_retry_of_reserved_rows_starts_none_early<B: Backend>(
+    b: &mut B,
+) {
+    let t0 = b.now();
+    let limit = RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-r41", limit).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let o = Opts::default().rate_limit(("conf-r41", "k"));
+        ids.push(b.insert::<Counter>(S::default(), o).await.unwrap());
+    }
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.restart(ids[1], "a").await.unwrap();
+    b.restart(ids[2], "a").await.unwrap();
+    for &id in &ids[3..] {
+        b.cancel(id).await.unwrap();
+        b.retry(id).await.unwrap();
+    }
+    assert_eq!(
+        b.run().await.to_string(),
+        "{steps: 0}",
+        "nothing starts early"
+    );
+    for &id in &ids[1..] {
+        let i = b.get(id).await;
+        i.assert_status(Status::Runnable);
+        assert!(i.eligible_at > t0, "{id} waits for its tokens");
+    }
+    // Then one row per token. (When a reserved row is due again depends on the claims'
+    // batches: a row woken before its tokens waits again.)
+    for _ in 0..4 {
+        b.advance(Duration::from_secs(4)).await;
+        assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    }
+}
+
+/// R4-2: reservations that were not claimed on time (the queue was paused) do not start
+/// together on top of a refilled bucket: after the pause, the burst (1) starts, and the
+/// other reserved rows, then the new one, follow one token apart (all four started at
+/// once before migration 0031).
+pub async fn r4_2_reservations_claimed_late_do_not_exceed_the_burst<B: Backend>(b: &mut B) {
+    let limit = RateLimit::per(1, Duration::from_secs(4));
+    b.set_rate_limit("conf-r42", limit).await.unwrap();
+    let o = || Opts::default().rate_limit(("conf-r42", "k"));
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(b.insert::<Counter>(S::default(), o()).await.unwrap());
+    }
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    assert!(b.pause_queue("conf", None).await.unwrap());
+    b.advance(Duration::from_secs(40)).await;
+    assert_eq!(b.run().await.to_string(), "{steps: 0}", "paused");
+    ids.push(b.insert::<Counter>(S::default(), o()).await.unwrap());
+    assert!(b.resume_queue("conf").await.unwrap());
+    let t1 = b.now();
+    assert_eq!(
+        b.run().await.to_string(),
+        "{next: 2, done: 1, steps: 3}",
+        "one row: the burst"
+    );
+    b.get(ids[1]).await.assert_status(Status::Done);
+    for &id in &ids[2..] {
+        assert!(
+            b.get(id).await.eligible_at > t1,
+            "{id} waits for its tokens"
+        );
+    }
+    for _ in 0..3 {
+        b.advance(Duration::from_secs(4)).await;
+        assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    }
+}
+
+/// R4-5: a reservation due further away than PostgreSQL's intervals reach (a limit
+/// `RateLimit` accepts, rows of a weight it accepts) waits ~95 years instead of failing
+/// every claim of its queue: the queue's other rows still run.
+pub async fn r4_5_a_reservation_beyond_the_interval_range_does_not_stop_its_queue<B: Backend>(
+    b: &mut B,
+) {
+    let t0 = b.now();
+    let limit = RateLimit::per(1, Duration::from_secs(1_000_000_000)).burst(1_000_000);
+    b.set_rate_limit("conf-r45", limit).await.unwrap();
+    let heavy = || Opts::default().rate_limit(("conf-r45", "k")).weight(1e6);
+    let first = b.insert::<Counter>(S::default(), heavy()).await.unwrap();
+    let second = b.insert::<Counter>(S::default(), heavy()).await.unwrap();
+    let free = b
+        .insert::<Counter>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 4, done: 2, steps: 6}");
+    b.get(first).await.assert_status(Status::Done);
+    b.get(free).await.assert_status(Status::Done);
+    let waiting = b.get(second).await;
+    waiting.assert_status(Status::Runnable);
+    assert_eq!(waiting.eligible_at, t0 + Span::seconds(3_000_000_000));
+}

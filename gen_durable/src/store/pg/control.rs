@@ -43,10 +43,25 @@ SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
 /// children (the flagged ones); the parents outside that set are returned, one element
 /// per child failed, for the fan-in.
 pub(super) const CANCEL_APPLY: &str = r#"/* gd:cancel */
-WITH failed AS (
+WITH refund AS MATERIALIZED (
+    -- The rate-limit tokens that the runnable rows about to fail reserved, given back to
+    -- their buckets (migration 0031); the buckets locked in key order, as a claim locks
+    -- them.
+    SELECT b.tid, r.w
+      FROM (SELECT i.rate_limit, i.rate_key, sum(i.rate_weight) AS w
+              FROM gd_instances i
+             WHERE i.id = ANY ($1) AND i.status = 'runnable' AND i.rate_paid
+             GROUP BY 1, 2 ORDER BY 1, 2) r
+     CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
+                          WHERE g.name = r.rate_limit AND g.key = r.rate_key
+                            FOR NO KEY UPDATE) b
+), refunded AS (
+    UPDATE gd_buckets g SET tokens = g.tokens + f.w, held = greatest(g.held - f.w, 0)
+      FROM refund f WHERE g.ctid = f.tid
+), failed AS (
     UPDATE gd_instances i
        SET status = 'failed', last_error = 'cancelled', cancel_requested = true,
-           await_deadline = NULL, updated_at = coalesce($2, now()),
+           await_deadline = NULL, updated_at = coalesce($2, now()), rate_paid = false,
            children_pending = i.children_pending - (
                SELECT count(*)::int FROM gd_instances c
                 WHERE c.parent_id = i.id AND c.id = ANY ($1)
@@ -162,7 +177,9 @@ pub(crate) async fn cancel_many(
 /// instance migration may have moved it since) — failed, done, runnable or parked — and
 /// makes it runnable now at step `$3`:
 /// attempt 0, nothing awaited, no deadline, no result; its inbox, kept while it lived, is
-/// there for the step to read.
+/// there for the step to read. Rate-limit tokens a runnable row reserved stay reserved
+/// for a restart at the step they were reserved for, and go back to the bucket otherwise
+/// (`refund`); a claim starts the row only when its bucket holds them (migration 0031).
 ///
 /// Either way a finished child is taken back only while its parent awaits its children,
 /// and re-arms it (the parent waits for this child again); once the parent has read the
@@ -194,6 +211,22 @@ WITH locked AS MATERIALIZED (
            AND (t.status NOT IN ('done', 'failed')
                 OR coalesce(p.status = 'awaiting_children', true)) AS go
       FROM target t LEFT JOIN locked p ON p.id = t.parent_id
+), refund AS MATERIALIZED (
+    -- A reservation of rate-limit tokens stays with a row restarted at the step it was
+    -- made for (the row keeps its place in its bucket's line); a row restarted at another
+    -- step gives its tokens back (migration 0031). Buckets locked in key order.
+    SELECT b.tid, r.w
+      FROM (SELECT i.rate_limit, i.rate_key, sum(i.rate_weight) AS w
+              FROM gd_instances i JOIN judged j ON j.id = i.id
+             WHERE j.go AND i.status = 'runnable' AND i.rate_paid
+               AND i.rate_step IS DISTINCT FROM coalesce($3::text, i.step)
+             GROUP BY 1, 2 ORDER BY 1, 2) r
+     CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
+                          WHERE g.name = r.rate_limit AND g.key = r.rate_key
+                            FOR NO KEY UPDATE) b
+), refunded AS (
+    UPDATE gd_buckets g SET tokens = g.tokens + f.w, held = greatest(g.held - f.w, 0)
+      FROM refund f WHERE g.ctid = f.tid
 ), retried AS (
     UPDATE gd_instances i
        SET status = (CASE WHEN $3::text IS NOT NULL THEN 'runnable'
@@ -209,7 +242,9 @@ WITH locked AS MATERIALIZED (
            children_pending = j.live,
            attempt = 0, reaps = 0, cancel_requested = false,
            await_deadline = NULL, locked_by = NULL, lease_expires_at = NULL,
-           eligible_at = coalesce($2, now()), updated_at = coalesce($2, now())
+           eligible_at = coalesce($2, now()), updated_at = coalesce($2, now()),
+           rate_paid = i.rate_paid AND i.status = 'runnable'
+                       AND i.rate_step = coalesce($3::text, i.step)
       FROM judged j
      WHERE i.id = j.id AND j.go
     RETURNING i.queue, i.status

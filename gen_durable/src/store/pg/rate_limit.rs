@@ -50,8 +50,8 @@ pub(crate) async fn declare<'e>(
 /// see them (without writing).
 const BUCKETS: &str = r#"/* gd:rate_limit */
 SELECT l.name, l.per_second, l.burst, b.key,
-       least(l.burst, b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second)
-           AS tokens
+       least(l.burst - b.held,
+             b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second) AS tokens
   FROM gd_rate_limits l
   LEFT JOIN gd_buckets b ON b.name = l.name
  ORDER BY l.name, b.key
@@ -75,7 +75,7 @@ pub(crate) async fn buckets<'e>(
 #[cfg(feature = "dashboard")]
 pub(super) const BUCKETS_CAPPED: &str = r#"/* gd:rate_limit */
 WITH b AS MATERIALIZED (
-    SELECT name, key, tokens, at FROM gd_buckets ORDER BY name, key LIMIT $2
+    SELECT name, key, tokens, held, at FROM gd_buckets ORDER BY name, key LIMIT $2
 ), cut AS (
     SELECT name FROM b
      WHERE (SELECT count(*) FROM b) >= $2
@@ -83,8 +83,8 @@ WITH b AS MATERIALIZED (
      LIMIT 1
 )
 SELECT l.name, l.per_second, l.burst, b.key,
-       least(l.burst, b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second)
-           AS tokens,
+       least(l.burst - b.held,
+             b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second) AS tokens,
        coalesce(l.name >= c.name, false) AS cut
   FROM gd_rate_limits l
   LEFT JOIN b ON b.name = l.name
@@ -120,16 +120,17 @@ pub(crate) async fn buckets_capped<'e>(
         .await?)
 }
 
-/// Deletes up to `$1` buckets that are full again: nothing reserved, and idle long enough
-/// to have refilled. A missing bucket is a full one to the claim (it mints it full), so
-/// this changes no admission; it keeps `gd_buckets` to the keys in use. Buckets a claim
-/// holds are skipped.
+/// Deletes up to `$1` buckets that are full again: nothing reserved (`held`, migration
+/// 0031), and idle long enough to have refilled. A missing bucket is a full one to the
+/// claim (it mints it full), so this changes no admission; it keeps `gd_buckets` to the
+/// keys in use. Buckets a claim holds are skipped.
 const SWEEP: &str = r#"/* gd:rate_limit */
 WITH idle AS MATERIALIZED (
     SELECT b.name, b.key
       FROM gd_buckets b
       JOIN gd_rate_limits l ON l.name = b.name
-     WHERE b.tokens + extract(epoch FROM coalesce($2, now()) - b.at) * l.per_second >= l.burst
+     WHERE b.held = 0
+       AND b.tokens + extract(epoch FROM coalesce($2, now()) - b.at) * l.per_second >= l.burst
      LIMIT $1
        FOR UPDATE OF b SKIP LOCKED
 )
