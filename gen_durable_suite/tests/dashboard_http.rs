@@ -505,7 +505,7 @@ async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
     let s = seed(db.pool()).await;
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let before = fingerprint(db.pool()).await;
     let csrf = csrf_of(&app).await;
@@ -683,7 +683,7 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
         .unwrap();
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let csrf = csrf_of(&app).await;
     let jar = format!("gd_csrf={csrf}");
@@ -825,7 +825,7 @@ async fn wrong_tokens_are_rate_limited_per_client_address() {
     let s = seed(db.pool()).await;
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let csrf = csrf_of(&app).await;
     let from = |addr: &str, mut req: Request<Body>| {

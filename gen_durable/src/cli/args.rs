@@ -137,6 +137,7 @@ pub(crate) enum Command {
         listen: std::net::SocketAddr,
         /// The environment variable holding the operator token (not the token itself,
         /// which would show in `ps`). Without it, the dashboard is read-only.
+        /// The token must be at least 32 bytes (`openssl rand -hex 32`).
         #[arg(long, value_name = "VAR")]
         auth_token_env: Option<String>,
     },

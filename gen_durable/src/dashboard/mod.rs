@@ -8,18 +8,21 @@
 //! for one that can also cancel, retry and signal:
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> std::io::Result<()> {
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use gen_durable::dashboard::{router_with, DashboardConfig};
-//! let app = router_with(pool, DashboardConfig::new().with_operator_token("s3cret"));
+//! // At least 32 bytes (`openssl rand -hex 32`): a shorter token is refused here.
+//! let token = std::env::var("GD_TOKEN")?;
+//! let app = router_with(pool, DashboardConfig::new().with_operator_token(token)?);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:4000").await?;
-//! axum::serve(listener, app).await
-//! # }
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
 //! ```
 //!
 //! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]`.
 //!
 //! **Read-only** (no token): every action route answers 403 and runs no statement; the
-//! pages only read. **With a token**: an operator signs in with it on `/login` (it is
+//! pages only read. **With a token** (at least [`MIN_OPERATOR_TOKEN_LEN`] bytes, else
+//! [`DashboardConfig::with_operator_token`] refuses it): an operator signs in with it on `/login` (it is
 //! kept in an `HttpOnly`, `SameSite=Strict` cookie) or sends `Authorization: Bearer
 //! TOKEN`; every action is a POST whose token is compared in constant time, and a form
 //! must also carry the CSRF token of its page (double submit: a random value in a
@@ -33,6 +36,7 @@
 mod actions;
 mod auth;
 mod chart;
+mod config;
 mod error;
 mod explain;
 mod fsms;
@@ -45,60 +49,14 @@ mod operator;
 mod overview;
 mod throttle;
 
-use std::fmt;
 use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
 
+pub use config::{DashboardConfig, DashboardConfigError, MIN_OPERATOR_TOKEN_LEN};
 pub use error::DashboardError;
-
-/// How a dashboard is served: read-only unless it has an operator token.
-#[derive(Clone, Default)]
-pub struct DashboardConfig {
-    operator_token: Option<String>,
-    metrics: Option<crate::metrics::PrometheusHandle>,
-}
-
-impl DashboardConfig {
-    /// A read-only dashboard.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Lets an operator who presents `token` act (cancel, retry, signal). An empty token
-    /// leaves the dashboard read-only.
-    pub fn with_operator_token(mut self, token: impl Into<String>) -> Self {
-        let token = token.into();
-        self.operator_token = (!token.is_empty()).then_some(token);
-        self
-    }
-
-    /// Serves `/metrics` from `handle` (see [`crate::metrics::install_prometheus`]): the
-    /// engine metrics this process records, and the queue gauges read at each scrape.
-    pub fn with_metrics(mut self, handle: crate::metrics::PrometheusHandle) -> Self {
-        self.metrics = Some(handle);
-        self
-    }
-
-    /// Whether actions are refused.
-    pub fn is_read_only(&self) -> bool {
-        self.operator_token.is_none()
-    }
-}
-
-impl fmt::Debug for DashboardConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DashboardConfig")
-            .field(
-                "operator_token",
-                &self.operator_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("metrics", &self.metrics.is_some())
-            .finish()
-    }
-}
 
 /// What every handler gets.
 #[derive(Clone)]
