@@ -22,20 +22,25 @@
 //!
 //! **Read-only** (no token): every action route answers 403 and runs no statement; the
 //! pages only read. **With a token** (at least [`MIN_OPERATOR_TOKEN_LEN`] bytes, else
-//! [`DashboardConfig::with_operator_token`] refuses it): an operator signs in with it on `/login` (it is
-//! kept in an `HttpOnly`, `SameSite=Strict` cookie) or sends `Authorization: Bearer
-//! TOKEN`; every action is a POST whose token is compared in constant time, and a form
-//! must also carry the CSRF token of its page (double submit: a random value in a
-//! `SameSite=Strict` cookie and in the form's hidden field, compared in constant time).
-//! After 5 wrong tokens from one client address within a minute, its POSTs are answered
-//! 429 with `Retry-After` (the address is the TCP peer: serve the router with
-//! `into_make_service_with_connect_info::<SocketAddr>()`, as `gen_durable dashboard`
-//! does, or every client shares one limit).
-//! Put the dashboard behind TLS when it leaves localhost: the token travels in clear.
+//! [`DashboardConfig::with_operator_token`] refuses it): an operator signs in with it on
+//! `/login`, which opens a server-side session that an `HttpOnly`, `SameSite=Strict`
+//! cookie names (a random id, not the token; it lasts [`DEFAULT_SESSION_TTL`] unless
+//! [`DashboardConfig::with_session_ttl`] says otherwise, and `/logout` ends it on the
+//! server), or a script sends `Authorization: Bearer TOKEN`, compared in constant time.
+//! Every action is a POST, and a form must also carry the CSRF token of its page (double
+//! submit: a random value in a `SameSite=Strict` cookie and in the form's hidden field,
+//! compared in constant time). After 5 wrong tokens from one client address within a
+//! minute, its POSTs are answered 429 with `Retry-After` (the address is the TCP peer:
+//! serve the router with `into_make_service_with_connect_info::<SocketAddr>()`, as
+//! `gen_durable dashboard` does, or every client shares one limit).
+//! Put the dashboard behind TLS when it leaves localhost (the token and the session
+//! cookie travel in clear otherwise), and then mark its cookies `Secure`
+//! ([`DashboardConfig::secure_cookies`]).
 
 mod actions;
 mod auth;
 mod chart;
+mod clock;
 mod config;
 mod error;
 mod explain;
@@ -47,15 +52,20 @@ mod limits;
 mod metrics;
 mod operator;
 mod overview;
+mod session;
+mod signin;
 mod throttle;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
 
-pub use config::{DashboardConfig, DashboardConfigError, MIN_OPERATOR_TOKEN_LEN};
+pub use config::{
+    DashboardConfig, DashboardConfigError, DEFAULT_SESSION_TTL, MIN_OPERATOR_TOKEN_LEN,
+};
 pub use error::DashboardError;
 
 /// What every handler gets.
@@ -68,6 +78,14 @@ pub(crate) struct AppState {
     pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
     /// Wrong operator tokens by client address.
     pub(crate) throttle: Arc<throttle::Throttle>,
+    /// Who is signed in, until when.
+    pub(crate) sessions: Arc<session::Sessions>,
+    /// How long a sign-in lasts (whole seconds).
+    pub(crate) session_ttl: Duration,
+    /// Whether cookies are `Secure`.
+    pub(crate) secure_cookies: bool,
+    /// The time sessions and the throttle count in.
+    pub(crate) now: clock::Now,
 }
 
 /// A read-only dashboard over `pool`: pages only, every action refused.
@@ -83,6 +101,10 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         token: config.operator_token.map(Arc::from),
         metrics: config.metrics,
         throttle: Arc::default(),
+        sessions: Arc::default(),
+        session_ttl: config.session_ttl,
+        secure_cookies: config.secure_cookies,
+        now: clock::Now::new(&config.clock),
     };
     Router::new()
         .route("/", get(overview::page))
@@ -91,14 +113,17 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/fsms", get(fsms::page))
         .route("/limits", get(limits::page))
         .route("/metrics", get(metrics::scrape))
-        .route("/login", get(auth::login_page).post(auth::login))
-        .route("/logout", post(auth::logout))
+        .route("/login", get(signin::page).post(signin::login))
+        .route("/logout", post(signin::logout))
         .merge(actions::routes(read_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle::limit,
         ))
-        .layer(axum::middleware::from_fn(auth::csrf_cookie))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::csrf_cookie,
+        ))
         .layer(axum::middleware::map_response(layout::security_headers))
         .with_state(state)
 }

@@ -4,8 +4,9 @@
 //! failures leaves the window. Pages (GET) are still served.
 //!
 //! A failure is a token that was presented and is wrong: a sign-in with the wrong token,
-//! or an action whose `Bearer` token or sign-in cookie does not match (the handlers mark
-//! their answer with [`TokenRejected`]). A request with no token at all is not a guess.
+//! or an action whose `Bearer` token does not match (the handlers mark their answer with
+//! [`TokenRejected`]). A request with no token at all is not a guess, nor is a session
+//! cookie that names no live session (a random 256-bit id is not guessed).
 //!
 //! The client address is the TCP peer (`axum::extract::ConnectInfo<SocketAddr>`, which
 //! `gen_durable dashboard` provides; serve your own router with
@@ -136,12 +137,12 @@ pub(crate) async fn limit(State(state): State<AppState>, req: Request, next: Nex
         return next.run(req).await;
     }
     let addr = client(&req);
-    if let Some(wait) = state.throttle.wait(addr, Instant::now()) {
+    if let Some(wait) = state.throttle.wait(addr, state.now.now()) {
         return too_many(wait);
     }
     let res = next.run(req).await;
     if res.extensions().get::<TokenRejected>().is_some() {
-        state.throttle.fail(addr, Instant::now());
+        state.throttle.fail(addr, state.now.now());
     }
     res
 }

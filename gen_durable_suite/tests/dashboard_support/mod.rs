@@ -4,6 +4,8 @@
 //! a refused action changed nothing.
 #![allow(dead_code)]
 
+pub mod http;
+
 use sqlx::PgPool;
 
 /// The ids of the seeded instances.
