@@ -1,5 +1,6 @@
 //! `gen_durable dashboard`: it serves the pages read-only, refuses actions, reads its
-//! operator token from the variable `--auth-token-env` names (refusing a short one).
+//! operator token from the variable `--auth-token-env` names (refusing a short one), and
+//! marks its cookies `Secure` with `--secure-cookies`.
 
 mod cli_support;
 
@@ -141,4 +142,24 @@ fn r4_session_cli_refuses_a_short_token() {
             && stderr.contains("openssl rand -hex 32"),
         "{stderr}"
     );
+}
+
+/// `--secure-cookies` (a dashboard served over TLS, or behind a TLS proxy) marks the
+/// cookies `Secure`, so a browser never sends them over plain HTTP.
+#[tokio::test]
+async fn r4_session_cli_secure_cookies_flag_marks_the_cookies_secure() {
+    let db = TestDb::new().await;
+    let d = serve(
+        &db,
+        &["--auth-token-env", "GD_TEST_TOKEN", "--secure-cookies"],
+        &[("GD_TEST_TOKEN", TOKEN)],
+    );
+    let page = http(&d.addr, "GET / HTTP/1.0\r\n\r\n");
+    let csrf = page
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie: gd_csrf="))
+        .unwrap_or_else(|| panic!("no CSRF cookie in {page}"));
+    assert!(csrf.contains("; Secure"), "{csrf}");
+    drop(d);
+    db.close().await;
 }

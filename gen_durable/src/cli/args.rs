@@ -140,6 +140,10 @@ pub(crate) enum Command {
         /// The token must be at least 32 bytes (`openssl rand -hex 32`).
         #[arg(long, value_name = "VAR")]
         auth_token_env: Option<String>,
+        /// Mark the sign-in and CSRF cookies `Secure` (sent over HTTPS only): use it when
+        /// the dashboard is reached over TLS, e.g. behind a TLS-terminating proxy.
+        #[arg(long)]
+        secure_cookies: bool,
     },
     /// Delete done and failed instances last updated longer ago than --older-than, in
     /// small batches that never block the engine (children of a live parent are kept).

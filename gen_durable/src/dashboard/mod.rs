@@ -18,7 +18,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]`.
+//! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]
+//! [--secure-cookies]`.
 //!
 //! **Read-only** (no token): every action route answers 403 and runs no statement; the
 //! pages only read. **With a token** (at least [`MIN_OPERATOR_TOKEN_LEN`] bytes, else
