@@ -1,5 +1,6 @@
-//! `gen_durable dashboard`: it serves the pages read-only, refuses actions, and reads its
-//! operator token from the variable `--auth-token-env` names.
+//! `gen_durable dashboard`: it serves the pages read-only, refuses actions, reads its
+//! operator token from the variable `--auth-token-env` names (refusing a short one), and
+//! marks its cookies `Secure` with `--secure-cookies`.
 
 mod cli_support;
 
@@ -9,6 +10,9 @@ use std::process::{Child, Command, Stdio};
 
 use cli_support::{gd, url_of};
 use gen_durable_testkit::TestDb;
+
+/// An operator token long enough (32 bytes or more).
+const TOKEN: &str = "cli-test-operator-token-0123456789abcdef";
 
 /// A dashboard process this test started, killed (by its handle) when dropped.
 struct Served {
@@ -87,20 +91,75 @@ async fn the_token_comes_from_the_named_variable() {
     let d = serve(
         &db,
         &["--auth-token-env", "GD_TEST_TOKEN"],
-        &[("GD_TEST_TOKEN", "s3cret")],
+        &[("GD_TEST_TOKEN", TOKEN)],
     );
     let page = http(&d.addr, "GET / HTTP/1.0\r\n\r\n");
     assert!(page.contains("Sign in"), "{page}");
     // The bearer token acts (here: on an instance that does not exist).
     let missing = http(
         &d.addr,
-        "POST /instances/1/cancel HTTP/1.0\r\nAuthorization: Bearer s3cret\r\n\
-         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 0\r\n\r\n",
+        &format!(
+            "POST /instances/1/cancel HTTP/1.0\r\nAuthorization: Bearer {TOKEN}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 0\r\n\r\n"
+        ),
     );
     assert!(missing.starts_with("HTTP/1.0 404"), "{missing}");
     drop(d);
     // An unset variable is a usage error, before connecting.
     let r = gd(&["dashboard", "--auth-token-env", "GD_TEST_UNSET_TOKEN"]).expect(2);
     assert!(r.stderr.contains("GD_TEST_UNSET_TOKEN"), "{}", r.stderr);
+    db.close().await;
+}
+
+/// `gen_durable dashboard` with `env` set, no database: how it exits before connecting.
+fn gd_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gen_durable"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the gen_durable binary");
+    (
+        out.status.code().expect("exited normally"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+/// A token shorter than 32 bytes is a usage error at start-up, before connecting, that
+/// says the minimum and how to make a good one.
+#[test]
+fn r4_session_cli_refuses_a_short_token() {
+    let (code, stderr) = gd_with_env(
+        &["dashboard", "--auth-token-env", "GD_TEST_SHORT_TOKEN"],
+        &[("GD_TEST_SHORT_TOKEN", "s3cret-but-only-31-bytes-long!!")],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("GD_TEST_SHORT_TOKEN")
+            && stderr.contains("31 bytes")
+            && stderr.contains("at least 32")
+            && stderr.contains("openssl rand -hex 32"),
+        "{stderr}"
+    );
+}
+
+/// `--secure-cookies` (a dashboard served over TLS, or behind a TLS proxy) marks the
+/// cookies `Secure`, so a browser never sends them over plain HTTP.
+#[tokio::test]
+async fn r4_session_cli_secure_cookies_flag_marks_the_cookies_secure() {
+    let db = TestDb::new().await;
+    let d = serve(
+        &db,
+        &["--auth-token-env", "GD_TEST_TOKEN", "--secure-cookies"],
+        &[("GD_TEST_TOKEN", TOKEN)],
+    );
+    let page = http(&d.addr, "GET / HTTP/1.0\r\n\r\n");
+    let csrf = page
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie: gd_csrf="))
+        .unwrap_or_else(|| panic!("no CSRF cookie in {page}"));
+    assert!(csrf.contains("; Secure"), "{csrf}");
+    drop(d);
     db.close().await;
 }

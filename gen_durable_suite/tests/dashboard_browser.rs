@@ -109,7 +109,10 @@ async fn browser(driver: &Driver) -> Client {
 async fn serve(pool: sqlx::PgPool) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = router_with(pool, DashboardConfig::new().with_operator_token(TOKEN));
+    let app = router_with(
+        pool,
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
+    );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
 }

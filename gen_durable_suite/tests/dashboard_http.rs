@@ -7,69 +7,11 @@ mod dashboard_support;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
+use dashboard_support::http::{csrf_of, get, post, send};
 use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
 use gen_durable::dashboard::{router, router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
 use tower::ServiceExt;
-
-struct Answer {
-    status: StatusCode,
-    body: String,
-    set_cookies: Vec<String>,
-    location: Option<String>,
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Answer {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let status = res.status();
-    let set_cookies = res
-        .headers()
-        .get_all(header::SET_COOKIE)
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
-    let location = res
-        .headers()
-        .get(header::LOCATION)
-        .map(|v| v.to_str().unwrap().to_string());
-    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    Answer {
-        status,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-        set_cookies,
-        location,
-    }
-}
-
-async fn get(app: &Router, path: &str) -> Answer {
-    send(app, Request::get(path).body(Body::empty()).unwrap()).await
-}
-
-fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
-    let mut b =
-        Request::post(path).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
-    if let Some(c) = cookie {
-        b = b.header(header::COOKIE, c);
-    }
-    b.body(Body::from(form.to_string())).unwrap()
-}
-
-/// The CSRF cookie a first page load hands out: its value.
-async fn csrf_of(app: &Router) -> String {
-    let a = get(app, "/").await;
-    let c = a
-        .set_cookies
-        .iter()
-        .find(|c| c.starts_with("gd_csrf="))
-        .expect("a CSRF cookie on the first page");
-    assert!(
-        c.contains("SameSite=Strict") && c.contains("HttpOnly"),
-        "{c}"
-    );
-    c["gd_csrf=".len()..c.find(';').unwrap()].to_string()
-}
 
 #[tokio::test]
 async fn pages_answer_with_their_content() {
@@ -450,7 +392,7 @@ async fn a_read_only_dashboard_refuses_every_action_and_changes_nothing() {
     let app = router(db.pool().clone());
     let before = fingerprint(db.pool()).await;
     let csrf = csrf_of(&app).await;
-    let cookie = format!("gd_csrf={csrf}; gd_token=00");
+    let cookie = format!("gd_csrf={csrf}; gd_session=00");
     let mut paths = Vec::new();
     for id in [s.runnable, s.parked, s.failed, s.parent, 999_999_999] {
         for action in ["cancel", "retry", "signal", "restart"] {
@@ -505,7 +447,7 @@ async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
     let s = seed(db.pool()).await;
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let before = fingerprint(db.pool()).await;
     let csrf = csrf_of(&app).await;
@@ -549,7 +491,7 @@ async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
     let token_cookie = ok
         .set_cookies
         .iter()
-        .find(|c| c.starts_with("gd_token="))
+        .find(|c| c.starts_with("gd_session="))
         .expect("the sign-in cookie");
     assert!(token_cookie.contains("SameSite=Strict") && token_cookie.contains("HttpOnly"));
     let signed_in = token_cookie[..token_cookie.find(';').unwrap()].to_string();
@@ -683,7 +625,7 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
         .unwrap();
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let csrf = csrf_of(&app).await;
     let jar = format!("gd_csrf={csrf}");
@@ -825,7 +767,7 @@ async fn wrong_tokens_are_rate_limited_per_client_address() {
     let s = seed(db.pool()).await;
     let app = router_with(
         db.pool().clone(),
-        DashboardConfig::new().with_operator_token(TOKEN),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
     let csrf = csrf_of(&app).await;
     let from = |addr: &str, mut req: Request<Body>| {

@@ -137,8 +137,13 @@ pub(crate) enum Command {
         listen: std::net::SocketAddr,
         /// The environment variable holding the operator token (not the token itself,
         /// which would show in `ps`). Without it, the dashboard is read-only.
+        /// The token must be at least 32 bytes (`openssl rand -hex 32`).
         #[arg(long, value_name = "VAR")]
         auth_token_env: Option<String>,
+        /// Mark the sign-in and CSRF cookies `Secure` (sent over HTTPS only): use it when
+        /// the dashboard is reached over TLS, e.g. behind a TLS-terminating proxy.
+        #[arg(long)]
+        secure_cookies: bool,
     },
     /// Delete done and failed instances last updated longer ago than --older-than, in
     /// small batches that never block the engine (children of a live parent are kept).

@@ -13,21 +13,26 @@ use crate::dashboard::{router_with, DashboardConfig};
 pub(crate) const POOL_SIZE: u32 = 8;
 
 /// The dashboard's configuration: read-only, or with the token of environment variable
-/// `var` (read now, before connecting, so a missing one is a usage error).
-pub(crate) fn config(var: Option<&str>) -> Result<DashboardConfig, CliError> {
+/// `var` (read now, before connecting, so that a missing or short one is a usage error);
+/// `secure_cookies` when it is served over TLS.
+pub(crate) fn config(var: Option<&str>, secure_cookies: bool) -> Result<DashboardConfig, CliError> {
+    let base = DashboardConfig::new().secure_cookies(secure_cookies);
     let Some(var) = var else {
-        return Ok(DashboardConfig::new());
+        return Ok(base);
     };
     match std::env::var(var) {
         Ok(token) if !token.trim().is_empty() => {
-            Ok(DashboardConfig::new().with_operator_token(token.trim()))
+            base.with_operator_token(token.trim()).map_err(|e| {
+                CliError::new(Kind::Usage, format!("--auth-token-env {var}: {e}"))
+                    .hint(format!("export {var}=$(openssl rand -hex 32)"))
+            })
         }
         _ => Err(CliError::new(
             Kind::Usage,
             format!("--auth-token-env {var}: the environment variable {var} is unset or empty"),
         )
         .hint(format!(
-            "export {var}=<a long random token>, or drop --auth-token-env for a read-only dashboard"
+            "export {var}=$(openssl rand -hex 32), or drop --auth-token-env for a read-only dashboard"
         ))),
     }
 }

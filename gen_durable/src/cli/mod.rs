@@ -109,9 +109,14 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
     };
     #[cfg(feature = "dashboard")]
     let dashboard_config = match &cli.command {
-        Command::Dashboard { auth_token_env, .. } => {
-            Some(dashboard::config(auth_token_env.as_deref())?)
-        }
+        Command::Dashboard {
+            auth_token_env,
+            secure_cookies,
+            ..
+        } => Some(dashboard::config(
+            auth_token_env.as_deref(),
+            *secure_cookies,
+        )?),
         _ => None,
     };
     let pool = match &cli.command {

@@ -18,10 +18,14 @@ pub enum DashboardError {
     /// The request carries no operator token (403).
     #[error("sign in with the operator token first")]
     NotSignedIn,
-    /// The request carries an operator token (bearer or sign-in cookie) that is not the
-    /// dashboard's (403); it counts towards the address's limit of wrong tokens.
+    /// The request carries an operator token (a bearer header, or the sign-in form's) that
+    /// is not the dashboard's (403); it counts towards the address's limit of wrong tokens.
     #[error("that is not the operator token")]
     WrongToken,
+    /// The sign-in cookie names no live session: it expired, or its operator signed out
+    /// (403). Not counted as a wrong token.
+    #[error("your sign-in has expired or was signed out: sign in again")]
+    SessionEnded,
     /// The form's CSRF token is missing or is not this browser's (403).
     #[error("the form's CSRF token does not match this browser's: reload the page and try again")]
     Csrf,
@@ -37,8 +41,8 @@ pub enum DashboardError {
     /// The database failed (500).
     #[error("database error: {0}")]
     Database(crate::Error),
-    /// The operating system gave no random bytes for a CSRF token (500).
-    #[error("no randomness available for a CSRF token")]
+    /// The operating system gave no random bytes for a CSRF token or a session id (500).
+    #[error("no randomness available for a CSRF token or a session id")]
     NoRandomness,
 }
 
@@ -54,6 +58,7 @@ impl DashboardError {
             DashboardError::ReadOnly
             | DashboardError::NotSignedIn
             | DashboardError::WrongToken
+            | DashboardError::SessionEnded
             | DashboardError::Csrf => StatusCode::FORBIDDEN,
             DashboardError::NotFound(_) => StatusCode::NOT_FOUND,
             DashboardError::BadRequest(_) => StatusCode::BAD_REQUEST,

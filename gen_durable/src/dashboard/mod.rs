@@ -8,31 +8,41 @@
 //! for one that can also cancel, retry and signal:
 //!
 //! ```no_run
-//! # async fn run(pool: sqlx::PgPool) -> std::io::Result<()> {
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use gen_durable::dashboard::{router_with, DashboardConfig};
-//! let app = router_with(pool, DashboardConfig::new().with_operator_token("s3cret"));
+//! // At least 32 bytes (`openssl rand -hex 32`): a shorter token is refused here.
+//! let token = std::env::var("GD_TOKEN")?;
+//! let app = router_with(pool, DashboardConfig::new().with_operator_token(token)?);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:4000").await?;
-//! axum::serve(listener, app).await
-//! # }
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
 //! ```
 //!
-//! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]`.
+//! Or run `gen_durable dashboard --listen 127.0.0.1:4000 [--auth-token-env VAR]
+//! [--secure-cookies]`.
 //!
 //! **Read-only** (no token): every action route answers 403 and runs no statement; the
-//! pages only read. **With a token**: an operator signs in with it on `/login` (it is
-//! kept in an `HttpOnly`, `SameSite=Strict` cookie) or sends `Authorization: Bearer
-//! TOKEN`; every action is a POST whose token is compared in constant time, and a form
-//! must also carry the CSRF token of its page (double submit: a random value in a
-//! `SameSite=Strict` cookie and in the form's hidden field, compared in constant time).
-//! After 5 wrong tokens from one client address within a minute, its POSTs are answered
-//! 429 with `Retry-After` (the address is the TCP peer: serve the router with
-//! `into_make_service_with_connect_info::<SocketAddr>()`, as `gen_durable dashboard`
-//! does, or every client shares one limit).
-//! Put the dashboard behind TLS when it leaves localhost: the token travels in clear.
+//! pages only read. **With a token** (at least [`MIN_OPERATOR_TOKEN_LEN`] bytes, else
+//! [`DashboardConfig::with_operator_token`] refuses it): an operator signs in with it on
+//! `/login`, which opens a server-side session that an `HttpOnly`, `SameSite=Strict`
+//! cookie names (a random id, not the token; it lasts [`DEFAULT_SESSION_TTL`] unless
+//! [`DashboardConfig::with_session_ttl`] says otherwise, and `/logout` ends it on the
+//! server), or a script sends `Authorization: Bearer TOKEN`, compared in constant time.
+//! Every action is a POST, and a form must also carry the CSRF token of its page (double
+//! submit: a random value in a `SameSite=Strict` cookie and in the form's hidden field,
+//! compared in constant time). After 5 wrong tokens from one client address within a
+//! minute, its POSTs are answered 429 with `Retry-After` (the address is the TCP peer:
+//! serve the router with `into_make_service_with_connect_info::<SocketAddr>()`, as
+//! `gen_durable dashboard` does, or every client shares one limit).
+//! Put the dashboard behind TLS when it leaves localhost (the token and the session
+//! cookie travel in clear otherwise), and then mark its cookies `Secure`
+//! ([`DashboardConfig::secure_cookies`]).
 
 mod actions;
 mod auth;
 mod chart;
+mod clock;
+mod config;
 mod error;
 mod explain;
 mod fsms;
@@ -43,62 +53,21 @@ mod limits;
 mod metrics;
 mod operator;
 mod overview;
+mod session;
+mod signin;
 mod throttle;
 
-use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
 use sqlx::PgPool;
 
+pub use config::{
+    DashboardConfig, DashboardConfigError, DEFAULT_SESSION_TTL, MIN_OPERATOR_TOKEN_LEN,
+};
 pub use error::DashboardError;
-
-/// How a dashboard is served: read-only unless it has an operator token.
-#[derive(Clone, Default)]
-pub struct DashboardConfig {
-    operator_token: Option<String>,
-    metrics: Option<crate::metrics::PrometheusHandle>,
-}
-
-impl DashboardConfig {
-    /// A read-only dashboard.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Lets an operator who presents `token` act (cancel, retry, signal). An empty token
-    /// leaves the dashboard read-only.
-    pub fn with_operator_token(mut self, token: impl Into<String>) -> Self {
-        let token = token.into();
-        self.operator_token = (!token.is_empty()).then_some(token);
-        self
-    }
-
-    /// Serves `/metrics` from `handle` (see [`crate::metrics::install_prometheus`]): the
-    /// engine metrics this process records, and the queue gauges read at each scrape.
-    pub fn with_metrics(mut self, handle: crate::metrics::PrometheusHandle) -> Self {
-        self.metrics = Some(handle);
-        self
-    }
-
-    /// Whether actions are refused.
-    pub fn is_read_only(&self) -> bool {
-        self.operator_token.is_none()
-    }
-}
-
-impl fmt::Debug for DashboardConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DashboardConfig")
-            .field(
-                "operator_token",
-                &self.operator_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("metrics", &self.metrics.is_some())
-            .finish()
-    }
-}
 
 /// What every handler gets.
 #[derive(Clone)]
@@ -110,6 +79,14 @@ pub(crate) struct AppState {
     pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
     /// Wrong operator tokens by client address.
     pub(crate) throttle: Arc<throttle::Throttle>,
+    /// Who is signed in, until when.
+    pub(crate) sessions: Arc<session::Sessions>,
+    /// How long a sign-in lasts (whole seconds).
+    pub(crate) session_ttl: Duration,
+    /// Whether cookies are `Secure`.
+    pub(crate) secure_cookies: bool,
+    /// The time sessions and the throttle count in.
+    pub(crate) now: clock::Now,
 }
 
 /// A read-only dashboard over `pool`: pages only, every action refused.
@@ -125,6 +102,10 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         token: config.operator_token.map(Arc::from),
         metrics: config.metrics,
         throttle: Arc::default(),
+        sessions: Arc::default(),
+        session_ttl: config.session_ttl,
+        secure_cookies: config.secure_cookies,
+        now: clock::Now::new(&config.clock),
     };
     Router::new()
         .route("/", get(overview::page))
@@ -133,14 +114,17 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/fsms", get(fsms::page))
         .route("/limits", get(limits::page))
         .route("/metrics", get(metrics::scrape))
-        .route("/login", get(auth::login_page).post(auth::login))
-        .route("/logout", post(auth::logout))
+        .route("/login", get(signin::page).post(signin::login))
+        .route("/logout", post(signin::logout))
         .merge(actions::routes(read_only))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle::limit,
         ))
-        .layer(axum::middleware::from_fn(auth::csrf_cookie))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::csrf_cookie,
+        ))
         .layer(axum::middleware::map_response(layout::security_headers))
         .with_state(state)
 }

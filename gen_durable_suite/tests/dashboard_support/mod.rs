@@ -4,6 +4,8 @@
 //! a refused action changed nothing.
 #![allow(dead_code)]
 
+pub mod http;
+
 use sqlx::PgPool;
 
 /// The ids of the seeded instances.
@@ -26,7 +28,8 @@ pub struct Seeded {
 }
 
 /// The operator token the tests start an operator dashboard with.
-pub const TOKEN: &str = "test-operator-token-0123456789";
+/// At least 32 bytes, as the dashboard requires.
+pub const TOKEN: &str = "test-operator-token-0123456789abcdef0123456789";
 
 async fn insert(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
