@@ -15,6 +15,7 @@
 //! the clocks skip 02:00–03:00 fires at 03:00; on the night they repeat 02:00–03:00, once).
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -25,7 +26,7 @@ use croner::Cron;
 use crate::client::Entry;
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
-use crate::runtime::NewInstance;
+use crate::runtime::{panic_message, NewInstance};
 use crate::validate::MAX_KEY_BYTES;
 
 /// What a schedule does with fire times that passed while no engine ran it.
@@ -292,8 +293,8 @@ impl Schedule {
 
 impl Schedule {
     /// The rows `plan`'s fire times insert (see [`Schedule::instance`]); a fire time whose
-    /// entry cannot be built is counted and its error kept instead. The engine's scheduler
-    /// and the testkit both insert by it.
+    /// entry cannot be built, or whose closure panics, is counted and its error kept
+    /// instead. The engine's scheduler and the testkit both insert by it.
     #[doc(hidden)]
     pub fn build(&self, plan: &Plan) -> Built {
         let mut built = Built {
@@ -302,13 +303,21 @@ impl Schedule {
             error: None,
         };
         for &fire in &plan.fires {
-            match self.instance(fire) {
-                Ok(row) => built.rows.push((fire, row)),
-                Err(e) => {
-                    built.failed += 1;
-                    built.error = Some(format!("fire time {fire}: {e}"));
+            // The closure is the user's code: a panic in it (an `unwrap` on a date, say)
+            // fails this fire time as an `Err` does, instead of unwinding through the
+            // scheduler that fires every schedule of the node. The fire time is handled
+            // all the same (skipped), so a catch-up never meets it again.
+            let made = std::panic::catch_unwind(AssertUnwindSafe(|| self.instance(fire)));
+            let error = match made {
+                Ok(Ok(row)) => {
+                    built.rows.push((fire, row));
+                    continue;
                 }
-            }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("the entry closure panicked: {}", panic_message(panic)),
+            };
+            built.failed += 1;
+            built.error = Some(format!("fire time {fire}: {error}"));
         }
         built
     }

@@ -4,13 +4,16 @@
 //! time — at most [`SchedulerConfig::max_wait`], so a clock that moves (a manual one, or a
 //! schedule another node declared) is seen soon.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
 
 use crate::engine::service::Service;
 use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
 use crate::error::{Error, Result};
+use crate::runtime::panic_message;
 use crate::schedule::{CatchUp, Schedule};
 use crate::store::pg::{insert, schedule as sql};
 use crate::telemetry::{Event, Telemetry};
@@ -50,6 +53,9 @@ pub(crate) struct Fired {
     pub(crate) fired: Vec<(String, DateTime<Utc>, Option<i64>)>,
     /// Each fire time left out: schedule, fire time count, why.
     pub(crate) skipped: Vec<(String, usize, String)>,
+    /// Each schedule whose fire failed (a database error, a bug): schedule, why. Its
+    /// transaction was rolled back; the next pass tries again.
+    pub(crate) failed: Vec<(String, String)>,
     /// The earliest next fire time of the schedules this pass saw, and the pass's time.
     pub(crate) next: Option<DateTime<Utc>>,
     pub(crate) now: Option<DateTime<Utc>>,
@@ -137,13 +143,27 @@ impl Service for Scheduler {
 
     async fn run_once(&self) -> Result<Fired> {
         let mut out = Fired::default();
+        // Each schedule on its own: a database error or a bug met firing one (its
+        // transaction rolled back) is said and waits for the next pass, and the schedules
+        // after it in this pass are fired all the same.
         for s in &self.schedules {
-            self.fire(s, &mut out).await?;
+            let failed = match AssertUnwindSafe(self.fire(s, &mut out))
+                .catch_unwind()
+                .await
+            {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("panicked: {}", panic_message(panic)),
+            };
+            out.failed.push((s.name().to_string(), failed));
         }
         Ok(out)
     }
 
     fn after(&self, out: Fired) -> Duration {
+        for (schedule, error) in &out.failed {
+            tracing::warn!(target: "gen_durable::scheduler", schedule, error, "schedule pass failed");
+        }
         let more = out.fired.len() >= CatchUp::RUN_ALL_BATCH;
         for (schedule, fire_time, id) in out.fired {
             self.telemetry.emit(Event::ScheduleFired {
