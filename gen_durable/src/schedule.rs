@@ -23,6 +23,11 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 
+mod declaration;
+
+#[doc(hidden)]
+pub use declaration::{Redeclared, ScheduleDeclaration, StoredSchedule};
+
 use crate::client::Entry;
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
@@ -111,8 +116,9 @@ impl Schedule {
     /// day-of-month month day-of-week), or six with seconds first — in UTC until
     /// [`Schedule::with_timezone`]. Each fire time `t` inserts `make(t)`.
     ///
-    /// An empty or over-long name, or a pattern that does not parse, is
-    /// [`Error::InvalidInput`].
+    /// An empty or over-long name, a pattern that does not parse, or one that matches no
+    /// date (`0 0 30 2 *`: 30 February) is [`Error::InvalidInput`]. (A pattern whose fire
+    /// times are all past, with a year field, is refused when an engine starts with it.)
     pub fn cron<F: Fsm>(
         name: impl Into<String>,
         pattern: &str,
@@ -356,6 +362,21 @@ fn checked(name: String, pattern: &str) -> Result<(String, Cron)> {
         what: "schedule pattern",
         reason: format!("{pattern:?} of schedule {name:?} does not parse: {e}"),
     })?;
+    // A pattern can parse and match no date: day 30 of February, day 31 of a 30-day month.
+    // Stored, it would have no next fire time and the schedule would never run, with
+    // nothing said. croner searches up to the year 5000: far past the 400 years after which
+    // any pattern without a year field repeats.
+    if cron
+        .find_next_occurrence(&DateTime::UNIX_EPOCH, true)
+        .is_err()
+    {
+        return Err(Error::InvalidInput {
+            what: "schedule pattern",
+            reason: format!(
+                "{pattern:?} of schedule {name:?} matches no date from 1970 on: it would never fire"
+            ),
+        });
+    }
     Ok((name, cron))
 }
 
@@ -481,12 +502,23 @@ mod tests {
             ("a\0b", "* * * * *", "schedule name"),
             ("ok", "61 * * * *", "schedule pattern"),
             ("ok", "every day", "schedule pattern"),
+            ("ok", "0 0 30 2 *", "schedule pattern"),
+            ("ok", "0 0 31 4,6,9,11 *", "schedule pattern"),
+            ("ok", "0 0 0 1 1 * 1969", "schedule pattern"),
         ] {
             match checked(name.into(), pattern) {
                 Err(Error::InvalidInput { what: w, .. }) => assert_eq!(w, what),
                 other => panic!("{name:?} {pattern:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_rare_date_is_a_fire_time() {
+        let leap_day = checked("ok".into(), "0 0 29 2 *").unwrap().1;
+        let from = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let next = leap_day.find_next_occurrence(&from, false).unwrap();
+        assert_eq!(next, Utc.with_ymd_and_hms(2028, 2, 29, 0, 0, 0).unwrap());
     }
 
     #[test]

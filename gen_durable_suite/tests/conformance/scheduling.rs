@@ -429,6 +429,41 @@ fn counter_schedule(
     .expect("a valid pattern")
 }
 
+pub async fn r4b_1_a_redeclared_schedule_fires_by_its_new_pattern_at_once<B: Backend>(b: &mut B) {
+    use gen_durable::{fire_key, Event};
+
+    let minute = |m: i64| gen_durable_testkit::epoch() + chrono::Duration::minutes(m);
+    let fired = |m: i64, id: i64| Event::ScheduleFired {
+        schedule: "tick".into(),
+        fire_time: minute(m),
+        id: Some(id),
+    };
+    b.schedule(counter_schedule("tick", "* * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "declared, no fire time has come");
+    // The next release fires at half past each hour: 00:01 is no longer a fire time.
+    b.schedule(counter_schedule("tick", "30 * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "redeclared");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.steps, 0, "nothing by the replaced pattern");
+    b.advance(Duration::from_secs(29 * 60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let half_past = b.get_by_key(&fire_key("tick", minute(30))).await;
+    half_past.assert_done(json!({ "total": 111 }));
+    // And back to every minute: from the next minute, not from 01:30.
+    b.schedule(counter_schedule("tick", "* * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "redeclared");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let next_minute = b.get_by_key(&fire_key("tick", minute(31))).await;
+    assert_eq!(
+        b.events(),
+        [fired(30, half_past.id), fired(31, next_minute.id)]
+    );
+}
+
 pub async fn r4b_3_a_panicking_schedule_entry_skips_its_fire_time_and_the_others_go_on<
     B: Backend,
 >(
