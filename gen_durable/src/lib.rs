@@ -151,6 +151,8 @@ pub use pooler::Pooler;
 pub use rate_limit::{BucketUse, RateLimit};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
+#[doc(hidden)]
+pub use schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;

@@ -15,6 +15,7 @@
 //! the clocks skip 02:00–03:00 fires at 03:00; on the night they repeat 02:00–03:00, once).
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -22,10 +23,15 @@ use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 
+mod declaration;
+
+#[doc(hidden)]
+pub use declaration::{Redeclared, ScheduleDeclaration, StoredSchedule};
+
 use crate::client::Entry;
 use crate::error::{Error, Result};
 use crate::fsm::Fsm;
-use crate::runtime::NewInstance;
+use crate::runtime::{panic_message, NewInstance};
 use crate::validate::MAX_KEY_BYTES;
 
 /// What a schedule does with fire times that passed while no engine ran it.
@@ -110,8 +116,9 @@ impl Schedule {
     /// day-of-month month day-of-week), or six with seconds first — in UTC until
     /// [`Schedule::with_timezone`]. Each fire time `t` inserts `make(t)`.
     ///
-    /// An empty or over-long name, or a pattern that does not parse, is
-    /// [`Error::InvalidInput`].
+    /// An empty or over-long name, a pattern that does not parse, or one that matches no
+    /// date (`0 0 30 2 *`: 30 February) is [`Error::InvalidInput`]. (A pattern whose fire
+    /// times are all past, with a year field, is refused when an engine starts with it.)
     pub fn cron<F: Fsm>(
         name: impl Into<String>,
         pattern: &str,
@@ -292,8 +299,8 @@ impl Schedule {
 
 impl Schedule {
     /// The rows `plan`'s fire times insert (see [`Schedule::instance`]); a fire time whose
-    /// entry cannot be built is counted and its error kept instead. The engine's scheduler
-    /// and the testkit both insert by it.
+    /// entry cannot be built, or whose closure panics, is counted and its error kept
+    /// instead. The engine's scheduler and the testkit both insert by it.
     #[doc(hidden)]
     pub fn build(&self, plan: &Plan) -> Built {
         let mut built = Built {
@@ -302,13 +309,21 @@ impl Schedule {
             error: None,
         };
         for &fire in &plan.fires {
-            match self.instance(fire) {
-                Ok(row) => built.rows.push((fire, row)),
-                Err(e) => {
-                    built.failed += 1;
-                    built.error = Some(format!("fire time {fire}: {e}"));
+            // The closure is the user's code: a panic in it (an `unwrap` on a date, say)
+            // fails this fire time as an `Err` does, instead of unwinding through the
+            // scheduler that fires every schedule of the node. The fire time is handled
+            // all the same (skipped), so a catch-up never meets it again.
+            let made = std::panic::catch_unwind(AssertUnwindSafe(|| self.instance(fire)));
+            let error = match made {
+                Ok(Ok(row)) => {
+                    built.rows.push((fire, row));
+                    continue;
                 }
-            }
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("the entry closure panicked: {}", panic_message(panic)),
+            };
+            built.failed += 1;
+            built.error = Some(format!("fire time {fire}: {error}"));
         }
         built
     }
@@ -347,6 +362,21 @@ fn checked(name: String, pattern: &str) -> Result<(String, Cron)> {
         what: "schedule pattern",
         reason: format!("{pattern:?} of schedule {name:?} does not parse: {e}"),
     })?;
+    // A pattern can parse and match no date: day 30 of February, day 31 of a 30-day month.
+    // Stored, it would have no next fire time and the schedule would never run, with
+    // nothing said. croner searches up to the year 5000: far past the 400 years after which
+    // any pattern without a year field repeats.
+    if cron
+        .find_next_occurrence(&DateTime::UNIX_EPOCH, true)
+        .is_err()
+    {
+        return Err(Error::InvalidInput {
+            what: "schedule pattern",
+            reason: format!(
+                "{pattern:?} of schedule {name:?} matches no date from 1970 on: it would never fire"
+            ),
+        });
+    }
     Ok((name, cron))
 }
 
@@ -472,12 +502,23 @@ mod tests {
             ("a\0b", "* * * * *", "schedule name"),
             ("ok", "61 * * * *", "schedule pattern"),
             ("ok", "every day", "schedule pattern"),
+            ("ok", "0 0 30 2 *", "schedule pattern"),
+            ("ok", "0 0 31 4,6,9,11 *", "schedule pattern"),
+            ("ok", "0 0 0 1 1 * 1969", "schedule pattern"),
         ] {
             match checked(name.into(), pattern) {
                 Err(Error::InvalidInput { what: w, .. }) => assert_eq!(w, what),
                 other => panic!("{name:?} {pattern:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_rare_date_is_a_fire_time() {
+        let leap_day = checked("ok".into(), "0 0 29 2 *").unwrap().1;
+        let from = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let next = leap_day.find_next_occurrence(&from, false).unwrap();
+        assert_eq!(next, Utc.with_ymd_and_hms(2028, 2, 29, 0, 0, 0).unwrap());
     }
 
     #[test]

@@ -161,6 +161,8 @@ conformance! {
     scheduling::retry_refuses_a_unique_key_taken_meanwhile,
     scheduling::one_partition_never_runs_two_steps_at_once,
     scheduling::a_cron_schedule_fires_on_the_clock,
+    scheduling::r4b_1_a_redeclared_schedule_fires_by_its_new_pattern_at_once,
+    scheduling::r4b_3_a_panicking_schedule_entry_skips_its_fire_time_and_the_others_go_on,
     migrations::a_runnable_old_row_is_migrated_on_claim_and_runs_on_the_new_version,
     migrations::a_chain_moves_a_row_through_every_version_at_once,
     migrations::a_failing_transform_leaves_the_row_on_its_version_and_retries_after_the_backoff,

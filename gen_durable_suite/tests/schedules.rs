@@ -1,83 +1,18 @@
-//! Periodic schedules on PostgreSQL: three nodes declaring one schedule insert each fire
-//! time once; each catch-up policy after a downtime; an entry that cannot be built is
-//! skipped and said; a schedule declared twice is refused.
+//! Periodic schedules on PostgreSQL, firing: three nodes declaring one schedule insert
+//! each fire time once; each catch-up policy after a downtime; an entry that cannot be
+//! built, or whose closure panics, is skipped and said while the other schedules go on
+//! (RELIABILITY.md, R4B-3); a schedule declared twice is refused.
 
 mod common;
+mod schedule_support;
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use common::{count, eventually, Count, Events};
-use gen_durable::{
-    fire_key, CatchUp, Clock, Engine, Entry, Error, Event, Registry, Schedule, Step,
-};
+use gen_durable::{fire_key, CatchUp, Clock, Engine, Entry, Error, Event, Schedule};
 use gen_durable_testkit::TestDb;
-use serde_json::json;
-
-test_fsm!(Report, state = Count, queue = "reports", version = 1, {
-    Build => "build" |_ctx| { Ok(Step::done(json!(null))) },
-});
-
-fn registry() -> Registry {
-    let mut r = Registry::new();
-    r.register::<Report>();
-    r
-}
-
-fn at(h: u32, m: u32, s: u32) -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 1, 1, h, m, s).unwrap()
-}
-
-fn schedule(name: &str, pattern: &str, c: CatchUp) -> Schedule {
-    Schedule::cron(name, pattern, |fire| {
-        Entry::<Report>::new(Count {
-            n: fire.timestamp(),
-            log: vec![],
-        })
-    })
-    .unwrap()
-    .with_catch_up(c)
-}
-
-async fn engine(
-    db: &TestDb,
-    clock: &Clock,
-    node: &str,
-    schedules: Vec<Schedule>,
-    events: &Events,
-) -> Engine {
-    let mut b = Engine::builder(db.pool().clone())
-        .with_registry(registry())
-        .with_clock(clock.clone())
-        .with_node_id(node)
-        .queue("reports", 4)
-        .with_schedule_wait(Duration::from_millis(20))
-        .on_event(events.handler());
-    for s in schedules {
-        b = b.schedule(s);
-    }
-    b.start().await.unwrap()
-}
-
-/// Rows inserted by schedule `name`, by their key.
-async fn fired(db: &TestDb, name: &str) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT unique_key FROM gd_instances WHERE unique_key LIKE $1 ORDER BY unique_key",
-    )
-    .bind(format!("gd:schedule:{name}:%"))
-    .fetch_all(db.pool())
-    .await
-    .unwrap()
-}
-
-async fn next_fire(db: &TestDb, name: &str) -> Option<DateTime<Utc>> {
-    sqlx::query_scalar("SELECT next_fire FROM gd_schedules WHERE name = $1")
-        .bind(name)
-        .fetch_optional(db.pool())
-        .await
-        .unwrap()
-        .flatten()
-}
+use schedule_support::{at, engine, fired, next_fire, registry, schedule, Report};
 
 #[tokio::test]
 async fn three_nodes_insert_each_fire_time_once() {
@@ -236,5 +171,121 @@ async fn a_schedule_declared_twice_is_refused_at_start() {
         matches!(&e, Error::InvalidConfig(m) if m.contains("\"twice\"")),
         "{e}"
     );
+    db.close().await;
+}
+
+/// A schedule whose entry closure panics for the fire time `bad`.
+fn panicking(name: &str, bad: DateTime<Utc>, c: CatchUp) -> Schedule {
+    Schedule::cron(name, "* * * * *", move |fire| {
+        if fire == bad {
+            panic!("no report for {fire}");
+        }
+        Entry::<Report>::new(Count::default())
+    })
+    .unwrap()
+    .with_catch_up(c)
+}
+
+/// Skipped count and last error of schedule `name`.
+async fn skipped(db: &TestDb, name: &str) -> (i64, Option<String>) {
+    sqlx::query_as("SELECT skipped, last_error FROM gd_schedules WHERE name = $1")
+        .bind(name)
+        .fetch_one(db.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn r4b_3_a_panicking_entry_fails_its_fire_and_the_other_schedules_go_on() {
+    let db = TestDb::new().await;
+    let clock = Clock::manual(at(0, 0, 30));
+    let events = Events::default();
+    let ss = vec![
+        panicking("a-bad", at(0, 3, 0), CatchUp::RunOnce),
+        schedule("b-good", "* * * * *", CatchUp::RunOnce),
+    ];
+    let e = engine(&db, &clock, "n1", ss, &events).await;
+    eventually(10, "declared", || async {
+        next_fire(&db, "b-good").await == Some(at(0, 1, 0))
+    })
+    .await;
+    for m in 1..=6 {
+        clock.advance(Duration::from_secs(60));
+        eventually(10, &format!("00:0{m} handled by both"), || async {
+            next_fire(&db, "a-bad").await == Some(at(0, m + 1, 0))
+                && next_fire(&db, "b-good").await == Some(at(0, m + 1, 0))
+        })
+        .await;
+    }
+    e.shutdown(Duration::from_secs(5)).await;
+    let good: Vec<String> = (1..=6).map(|m| fire_key("b-good", at(0, m, 0))).collect();
+    assert_eq!(fired(&db, "b-good").await, good);
+    let bad: Vec<String> = [1, 2, 4, 5, 6]
+        .map(|m| fire_key("a-bad", at(0, m, 0)))
+        .to_vec();
+    assert_eq!(fired(&db, "a-bad").await, bad, "00:03 alone is missing");
+    let (n, last_error) = skipped(&db, "a-bad").await;
+    assert_eq!(n, 1);
+    let last_error = last_error.expect("the panic is stored");
+    assert!(
+        last_error.contains("panicked: no report for 2026-01-01 00:03:00 UTC"),
+        "{last_error}"
+    );
+    let said: Vec<Event> = events
+        .all()
+        .into_iter()
+        .filter(|e| matches!(e, Event::ScheduleSkipped { .. }))
+        .collect();
+    assert!(
+        matches!(&said[..], [Event::ScheduleSkipped { schedule, count: 1, reason }]
+            if schedule == "a-bad" && *reason == last_error),
+        "{said:?}"
+    );
+    db.close().await;
+}
+
+#[tokio::test]
+async fn r4b_3_under_run_all_a_panicking_fire_time_is_skipped_once_not_replayed() {
+    let db = TestDb::new().await;
+    let clock = Clock::manual(at(0, 0, 30));
+    let events = Events::default();
+    let declared = || {
+        vec![
+            panicking("all", at(0, 3, 0), CatchUp::RunAll),
+            schedule("other", "* * * * *", CatchUp::RunOnce),
+        ]
+    };
+    let e = engine(&db, &clock, "before", declared(), &events).await;
+    eventually(10, "declared", || async {
+        next_fire(&db, "other").await == Some(at(0, 1, 0))
+    })
+    .await;
+    e.shutdown(Duration::from_secs(5)).await;
+
+    // Down from 00:00:30 to 00:05:30: the catch-up of 00:01..00:05 meets the panic at 00:03.
+    clock.set(at(0, 5, 30));
+    let e = engine(&db, &clock, "after", declared(), &events).await;
+    eventually(10, "both caught up", || async {
+        next_fire(&db, "all").await == Some(at(0, 6, 0))
+            && next_fire(&db, "other").await == Some(at(0, 6, 0))
+    })
+    .await;
+    clock.advance(Duration::from_secs(60));
+    eventually(10, "00:06 fired by both", || async {
+        next_fire(&db, "all").await == Some(at(0, 7, 0))
+            && next_fire(&db, "other").await == Some(at(0, 7, 0))
+    })
+    .await;
+    e.shutdown(Duration::from_secs(5)).await;
+    let all: Vec<String> = [1, 2, 4, 5, 6]
+        .map(|m| fire_key("all", at(0, m, 0)))
+        .to_vec();
+    assert_eq!(fired(&db, "all").await, all);
+    assert_eq!(
+        fired(&db, "other").await,
+        [5, 6].map(|m| fire_key("other", at(0, m, 0))).to_vec(),
+        "the catch-up of 00:05 (run_once), then 00:06"
+    );
+    assert_eq!(skipped(&db, "all").await.0, 1, "skipped once, not replayed");
     db.close().await;
 }

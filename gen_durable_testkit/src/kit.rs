@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::builders::{KitInsert, KitInsertJson, KitSignal, KitWait, Outbox, SignalSender};
 use crate::instance::Instance;
+use crate::schedules::{self, KitSchedule};
 use crate::store::Store;
 use crate::tally::Tally;
 
@@ -50,8 +51,8 @@ pub struct TestKit {
     max_steps: usize,
     max_signal_payload: usize,
     outbox: Outbox,
-    /// Each schedule and its earliest unhandled fire time (`None`: its pattern is over).
-    schedules: Vec<(Schedule, Option<DateTime<Utc>>)>,
+    /// Each declared schedule, as `gd_schedules` holds it.
+    schedules: Vec<KitSchedule>,
     sent: Vec<(i64, String, Result<Delivery>)>,
 }
 
@@ -141,10 +142,14 @@ impl TestKit {
     /// the database's: its first fire time is the first after the kit's now; each
     /// `run_until_idle` first inserts the fire times that have come, by the schedule's
     /// catch-up policy, keyed as the engine keys them (`gen_durable::fire_key`), and emits
-    /// `schedule.fired` / `schedule.skipped`.
+    /// `schedule.fired` / `schedule.skipped`. A schedule of a name already added replaces
+    /// it as a new release's engine does at its start: a new pattern or time zone fires
+    /// from its first fire time after now (see the README, "Changing a schedule").
     pub fn schedule(mut self, schedule: Schedule) -> Self {
-        let next = schedule.next_after(self.now());
-        self.schedules.push((schedule, next));
+        let now = self.now();
+        if let Some(skipped) = schedules::declare(&mut self.schedules, schedule, now) {
+            self.events.push(skipped);
+        }
         self
     }
 
@@ -240,15 +245,18 @@ impl TestKit {
     fn fire_schedules(&mut self) {
         let now = self.now();
         for i in 0..self.schedules.len() {
-            let (schedule, next) = &self.schedules[i];
+            let KitSchedule { schedule, next, .. } = &self.schedules[i];
             let Some(next) = *next else { continue };
             let plan = schedule.plan(next, now);
             let name = schedule.name().to_string();
             let policy = schedule.policy_reason();
             let built = schedule.build(&plan);
-            self.schedules[i].1 = plan.next;
+            self.schedules[i].next = plan.next;
             for (fire, row) in built.rows {
                 let id = self.insert_rows(vec![row]).first().copied();
+                if id.is_some() {
+                    self.schedules[i].last_fire = Some(fire);
+                }
                 self.events.push(Event::ScheduleFired {
                     schedule: name.clone(),
                     fire_time: fire,

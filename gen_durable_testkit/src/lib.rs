@@ -59,6 +59,7 @@ mod drain;
 mod instance;
 mod kit;
 pub mod pg;
+mod schedules;
 pub mod statements;
 mod store;
 mod tally;

@@ -254,6 +254,19 @@ impl EngineBuilder {
             rate_limits,
         } = self;
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
+        // Checked before the engine writes anything: a schedule that would never fire.
+        let scheduler = if schedules.is_empty() {
+            None
+        } else {
+            let scheduler = Scheduler::new(
+                schedules,
+                cfg.scheduler.clone(),
+                db.clone(),
+                telemetry.clone(),
+            );
+            scheduler.check_ahead().await?;
+            Some(scheduler)
+        };
         if !gates.is_empty() {
             let gates: Vec<(String, i32)> = gates
                 .into_iter()
@@ -337,16 +350,8 @@ impl EngineBuilder {
                 &tracker,
             ));
         }
-        if !schedules.is_empty() {
-            services.push(service::start(
-                Scheduler {
-                    schedules,
-                    cfg: cfg.scheduler.clone(),
-                    db: db.clone(),
-                    telemetry: telemetry.clone(),
-                },
-                &tracker,
-            ));
+        if let Some(scheduler) = scheduler {
+            services.push(service::start(scheduler, &tracker));
         }
         let shared = Arc::new(Shared {
             db,

@@ -5,16 +5,20 @@
 //! struct holding its validated config and what it needs of the engine. Its
 //! [`Service::run_once`] does one pass and returns a report — tests call it directly on a
 //! real database — and [`start`] runs it on the engine's task tracker until its token is
-//! cancelled: the engine's shutdown cancels them all, [`ServiceHandle::stop`] one.
+//! cancelled: the engine's shutdown cancels them all, [`ServiceHandle::stop`] one. A pass
+//! that fails or panics is logged, and the service goes on after its error wait.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Result;
+use crate::runtime::panic_message;
 
 /// A background service of the engine.
 pub(crate) trait Service: Send + Sync + Sized + 'static {
@@ -86,12 +90,90 @@ async fn run<S: Service>(service: S, stop: CancellationToken) {
         } else if stop.is_cancelled() {
             return;
         }
-        wait = match service.run_once().await {
+        wait = pass(&service).await;
+    }
+}
+
+/// One pass and its report; the wait before the next. A panic in the pass (a bug, or an
+/// event handler that `after` calls) is caught and logged as an error, and the service
+/// goes on after its error wait: the task runs for the engine's lifetime, and nothing
+/// would restart it, so a pass that unwinds out of it would end the service silently
+/// while the engine looks healthy.
+async fn pass<S: Service>(service: &S) -> Duration {
+    let pass = async {
+        match service.run_once().await {
             Ok(report) => service.after(report),
             Err(e) => {
                 tracing::warn!(target: "gen_durable::service", service = S::NAME, error = %e, "pass failed");
                 service.after_error()
             }
-        };
+        }
+    };
+    // The service's state is its config and handles; a pass that unwound left nothing
+    // half-done that the next pass reads (a transaction it held was rolled back on drop).
+    match AssertUnwindSafe(pass).catch_unwind().await {
+        Ok(wait) => wait,
+        Err(panic) => {
+            tracing::error!(target: "gen_durable::service", service = S::NAME, panic = %panic_message(panic), "pass panicked; the service goes on");
+            service.after_error()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A service whose first pass panics, as a bug in a pass (or in an event handler its
+    /// `after` calls) would.
+    struct FirstPassPanics {
+        passes: Arc<AtomicUsize>,
+    }
+
+    impl Service for FirstPassPanics {
+        const NAME: &'static str = "first_pass_panics";
+        type Report = ();
+
+        async fn run_once(&self) -> Result<()> {
+            if self.passes.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("a bug in the first pass");
+            }
+            Ok(())
+        }
+
+        fn after(&self, _: ()) -> Duration {
+            Duration::from_millis(1)
+        }
+
+        fn after_error(&self) -> Duration {
+            Duration::from_millis(1)
+        }
+    }
+
+    #[tokio::test]
+    async fn r4b_3_a_panicking_pass_is_reported_and_the_service_goes_on() {
+        let passes = Arc::new(AtomicUsize::new(0));
+        let tracker = TaskTracker::new();
+        let handle = start(
+            FirstPassPanics {
+                passes: passes.clone(),
+            },
+            &tracker,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while passes.load(Ordering::SeqCst) < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the service stopped after its panic: {} pass(es)",
+                passes.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        handle.stop();
+        tracker.close();
+        tracker.wait().await;
     }
 }

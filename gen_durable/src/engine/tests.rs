@@ -303,17 +303,17 @@ async fn the_scheduler_declares_then_fires_once_per_fire_time() {
         .await
         .unwrap();
     let (telemetry, seen) = recording();
-    let scheduler = Scheduler {
-        schedules: vec![Schedule::for_tests(
+    let scheduler = Scheduler::new(
+        vec![Schedule::for_tests(
             "tick",
             "* * * * *",
             CatchUp::RunOnce,
             None,
         )],
-        cfg: EngineConfig::default().scheduler,
+        EngineConfig::default().scheduler,
         db,
         telemetry,
-    };
+    );
     let next = || async {
         sqlx::query_scalar::<_, Option<chrono::DateTime<Utc>>>(
             "SELECT next_fire FROM gd_schedules WHERE name = 'tick'",

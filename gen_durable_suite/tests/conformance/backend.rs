@@ -143,7 +143,8 @@ pub trait Backend {
         opts: MigrateOptions,
     ) -> Result<MigrationReport>;
     /// Adds a periodic schedule, its first fire time the first after the clock's now (the
-    /// Postgres engine declares it at the next `run()`: call `run()` before `advance`).
+    /// Postgres engine declares it at the next `run()`: call `run()` before `advance`). A
+    /// schedule of a name already added replaces it, as a new release redeclares it.
     async fn schedule(&mut self, schedule: Schedule);
     async fn close(self);
 }
@@ -671,6 +672,8 @@ impl Backend for Pg {
         self.client.migrate_instances(fsm, to, opts).await
     }
     async fn schedule(&mut self, schedule: Schedule) {
+        // Each `run()` starts a node with these: the next one declares the replacement.
+        self.schedules.retain(|s| s.name() != schedule.name());
         self.schedules.push(schedule);
     }
     async fn close(self) {

@@ -413,3 +413,98 @@ pub async fn a_cron_schedule_fires_on_the_clock<B: Backend>(b: &mut B) {
         ]
     );
 }
+
+/// A schedule of `name` firing `pattern`; its entry panics for the fire time `bad`.
+fn counter_schedule(
+    name: &str,
+    pattern: &str,
+    bad: Option<chrono::DateTime<chrono::Utc>>,
+) -> gen_durable::Schedule {
+    gen_durable::Schedule::cron(name, pattern, move |fire| {
+        if Some(fire) == bad {
+            panic!("no entry for {fire}");
+        }
+        gen_durable::Entry::<Counter>::new(S::default())
+    })
+    .expect("a valid pattern")
+}
+
+pub async fn r4b_1_a_redeclared_schedule_fires_by_its_new_pattern_at_once<B: Backend>(b: &mut B) {
+    use gen_durable::{fire_key, Event};
+
+    let minute = |m: i64| gen_durable_testkit::epoch() + chrono::Duration::minutes(m);
+    let fired = |m: i64, id: i64| Event::ScheduleFired {
+        schedule: "tick".into(),
+        fire_time: minute(m),
+        id: Some(id),
+    };
+    b.schedule(counter_schedule("tick", "* * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "declared, no fire time has come");
+    // The next release fires at half past each hour: 00:01 is no longer a fire time.
+    b.schedule(counter_schedule("tick", "30 * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "redeclared");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.steps, 0, "nothing by the replaced pattern");
+    b.advance(Duration::from_secs(29 * 60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let half_past = b.get_by_key(&fire_key("tick", minute(30))).await;
+    half_past.assert_done(json!({ "total": 111 }));
+    // And back to every minute: from the next minute, not from 01:30.
+    b.schedule(counter_schedule("tick", "* * * * *", None))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "redeclared");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    let next_minute = b.get_by_key(&fire_key("tick", minute(31))).await;
+    assert_eq!(
+        b.events(),
+        [fired(30, half_past.id), fired(31, next_minute.id)]
+    );
+}
+
+pub async fn r4b_3_a_panicking_schedule_entry_skips_its_fire_time_and_the_others_go_on<
+    B: Backend,
+>(
+    b: &mut B,
+) {
+    use gen_durable::{fire_key, Event};
+
+    let minute = |m: i64| gen_durable_testkit::epoch() + chrono::Duration::minutes(m);
+    // Declared in this order, both backends report a pass's fires in the same order.
+    b.schedule(counter_schedule("good", "* * * * *", None))
+        .await;
+    b.schedule(counter_schedule("bad", "* * * * *", Some(minute(1))))
+        .await;
+    assert_eq!(b.run().await.steps, 0, "declared");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.advance(Duration::from_secs(60)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 4, done: 2, steps: 6}");
+    let good_1 = b.get_by_key(&fire_key("good", minute(1))).await.id;
+    let good_2 = b.get_by_key(&fire_key("good", minute(2))).await.id;
+    let bad_2 = b.get_by_key(&fire_key("bad", minute(2))).await.id;
+    let fired = |name: &str, m: i64, id: i64| Event::ScheduleFired {
+        schedule: name.into(),
+        fire_time: minute(m),
+        id: Some(id),
+    };
+    let panicked = format!(
+        "fire time {t}: the entry closure panicked: no entry for {t}",
+        t = minute(1)
+    );
+    assert_eq!(
+        b.events(),
+        [
+            fired("good", 1, good_1),
+            Event::ScheduleSkipped {
+                schedule: "bad".into(),
+                count: 1,
+                reason: panicked,
+            },
+            fired("good", 2, good_2),
+            fired("bad", 2, bad_2),
+        ]
+    );
+}

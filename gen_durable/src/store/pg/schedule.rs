@@ -1,35 +1,51 @@
 //! Periodic schedules: the statements of one fire (see [`crate::Schedule`]). They run in
 //! one READ COMMITTED transaction: take the row (or skip it if another node holds it),
-//! insert the instances (with [`super::insert::insert_rows`]), move the row on.
+//! replace its declaration if this node declares another one, insert the instances (with
+//! [`super::insert::insert_rows`]), move the row on.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::error::Result;
 use crate::pooler::On;
+use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
 
 /// The transaction's time: the manual clock's, else the statement's start.
 pub(super) const NOW: &str = "/* gd:schedule */ SELECT coalesce($1, statement_timestamp())";
 
 /// Declares a schedule the first time a node sees it, its first fire time after now: a new
-/// schedule does not catch up on its past.
+/// schedule does not catch up on its past. A row that exists is left to [`TAKE`] and
+/// [`REDECLARE`], under the row's lock.
 pub(super) const ENSURE: &str = r#"/* gd:schedule */
 INSERT INTO gd_schedules (name, pattern, timezone, catch_up, next_fire, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (name) DO NOTHING
 "#;
 
-/// The schedule's row, locked for this fire; no row if another node is firing it.
+/// The schedule's row, locked for this fire, with the declaration it holds; no row if
+/// another node is firing it.
 pub(super) const TAKE: &str = r#"/* gd:schedule */
-SELECT next_fire FROM gd_schedules WHERE name = $1 FOR UPDATE SKIP LOCKED
+SELECT next_fire, pattern, timezone, catch_up, last_fire
+  FROM gd_schedules WHERE name = $1 FOR UPDATE SKIP LOCKED
 "#;
 
-/// The fire done: the next unhandled fire time, the newest instance, what was skipped.
-pub(super) const ADVANCE: &str = r#"/* gd:schedule */
+/// A node's declaration replaces the stored one (at the node's start, see
+/// `schedule/declaration.rs`): the new pattern, zone and policy, the next fire time they
+/// give, and the replaced pattern's due fire times counted as skipped.
+pub(super) const REDECLARE: &str = r#"/* gd:schedule */
 UPDATE gd_schedules
    SET pattern = $2, timezone = $3, catch_up = $4, next_fire = $5,
-       last_fire = coalesce($6, last_fire), last_id = coalesce($7, last_id),
-       skipped = skipped + $8, last_error = coalesce($9, last_error), updated_at = $10
+       skipped = skipped + $6, updated_at = $7
+ WHERE name = $1
+"#;
+
+/// The fire done: the next unhandled fire time, the newest instance, what was skipped. The
+/// declaration is left as stored: only [`REDECLARE`] changes it, so that a node that
+/// fires by the stored declaration never writes its own back.
+pub(super) const ADVANCE: &str = r#"/* gd:schedule */
+UPDATE gd_schedules
+   SET next_fire = $2, last_fire = coalesce($3, last_fire), last_id = coalesce($4, last_id),
+       skipped = skipped + $5, last_error = coalesce($6, last_error), updated_at = $7
  WHERE name = $1
 "#;
 
@@ -44,26 +60,19 @@ pub(crate) async fn now(
         .await?)
 }
 
-/// How a schedule is declared, as stored.
-pub(crate) struct Declared<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) pattern: &'a str,
-    pub(crate) timezone: &'a str,
-    pub(crate) catch_up: &'a str,
-}
-
 /// Stores the schedule if no node has yet, first firing at `first`.
 pub(crate) async fn ensure(
     conn: &mut On<&mut PgConnection>,
-    d: &Declared<'_>,
+    name: &str,
+    d: &ScheduleDeclaration,
     first: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Result<()> {
     sqlx::query(ENSURE)
-        .bind(d.name)
-        .bind(d.pattern)
-        .bind(d.timezone)
-        .bind(d.catch_up)
+        .bind(name)
+        .bind(&d.pattern)
+        .bind(&d.timezone)
+        .bind(&d.catch_up)
         .bind(first)
         .bind(now)
         .execute(conn.again())
@@ -71,16 +80,54 @@ pub(crate) async fn ensure(
     Ok(())
 }
 
-/// Locks the schedule's row: `None` if another node holds it, else its next fire time
-/// (`Some(None)`: the pattern is over).
+/// Locks the schedule's row: `None` if another node holds it, else what it stores.
 pub(crate) async fn take(
     conn: &mut On<&mut PgConnection>,
     name: &str,
-) -> Result<Option<Option<DateTime<Utc>>>> {
-    Ok(sqlx::query_scalar(TAKE)
+) -> Result<Option<StoredSchedule>> {
+    type Row = (
+        Option<DateTime<Utc>>,
+        String,
+        String,
+        String,
+        Option<DateTime<Utc>>,
+    );
+    let row: Option<Row> = sqlx::query_as(TAKE)
         .bind(name)
         .fetch_optional(conn.again())
-        .await?)
+        .await?;
+    Ok(row.map(
+        |(next_fire, pattern, timezone, catch_up, last_fire)| StoredSchedule {
+            declaration: ScheduleDeclaration {
+                pattern,
+                timezone,
+                catch_up,
+            },
+            next_fire,
+            last_fire,
+        },
+    ))
+}
+
+/// Replaces the stored declaration with `d` (see [`REDECLARE`]).
+pub(crate) async fn redeclare(
+    conn: &mut On<&mut PgConnection>,
+    name: &str,
+    d: &ScheduleDeclaration,
+    r: &Redeclared,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    sqlx::query(REDECLARE)
+        .bind(name)
+        .bind(&d.pattern)
+        .bind(&d.timezone)
+        .bind(&d.catch_up)
+        .bind(r.next)
+        .bind(r.skipped as i64)
+        .bind(now)
+        .execute(conn.again())
+        .await?;
+    Ok(())
 }
 
 /// What one fire did, as stored.
@@ -95,15 +142,12 @@ pub(crate) struct Advance {
 /// Moves the schedule on after a fire.
 pub(crate) async fn advance(
     conn: &mut On<&mut PgConnection>,
-    d: &Declared<'_>,
+    name: &str,
     a: &Advance,
     now: DateTime<Utc>,
 ) -> Result<()> {
     sqlx::query(ADVANCE)
-        .bind(d.name)
-        .bind(d.pattern)
-        .bind(d.timezone)
-        .bind(d.catch_up)
+        .bind(name)
         .bind(a.next)
         .bind(a.last_fire)
         .bind(a.last_id)
