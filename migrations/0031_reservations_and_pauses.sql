@@ -11,7 +11,9 @@
 -- again, keeping its reservation). So a restart, or a cancel and a retry, of reserved rows
 -- (which makes them due now) cannot start them early (R4-1), and a cancel gives the
 -- tokens back. The hand-off leaves rows that pay or hold tokens to the claims. A due time
--- is at most ~95 years away, so an extreme limit cannot make a claim fail (R4-5).
+-- is at most ~95 years away, so an extreme limit cannot make a claim fail (R4-5). The
+-- collector recounts `held` from the rows (`rate_limit.rs`, SWEEP), so a write that
+-- missed it (a cancel by a node of an earlier version) is corrected.
 --
 -- A run-ahead `next` of a paused queue is committed as a plain `next`: the row goes back
 -- to its queue, runnable (R4-3).
@@ -20,6 +22,11 @@
 -- and 0024 (`gd_commit_outcomes`) with these changes only.
 
 ALTER TABLE gd_buckets ADD COLUMN held double precision NOT NULL DEFAULT 0;
+
+-- The reserved rows of a bucket, for the collector's recount of `held` (only rows that
+-- hold a reservation are in it).
+CREATE INDEX gd_instances_rate_held ON gd_instances (rate_limit, rate_key)
+    WHERE status = 'runnable' AND rate_paid;
 
 -- What is reserved now: rows that reserved while their bucket was collected (the
 -- collector deleted buckets whose level came back to the burst, reservations or not) get
@@ -40,6 +47,44 @@ SELECT h.rate_limit, h.rate_key, l.burst - h.w, h.w, now()
   FROM held h
   JOIN gd_rate_limits l ON l.name = h.rate_limit
  WHERE NOT EXISTS (SELECT 1 FROM gd_buckets b WHERE b.name = h.rate_limit AND b.key = h.rate_key);
+
+-- The collector's recount of what is reserved: `held` of up to `p_limit` buckets, from
+-- their rows, moving `tokens` by the same difference (so `tokens + held`, the tokens not
+-- yet taken, is unchanged). Every write of `held` locks its bucket, so the buckets are
+-- locked first (skipping those a claim or an operator holds) and counted in a statement
+-- of its own, whose snapshot sees what the holders before it committed. How many were
+-- corrected.
+CREATE FUNCTION gd_recount_held(p_limit int8) RETURNS int8
+LANGUAGE plpgsql AS $recount$
+DECLARE
+    tids tid[];
+    n    int8;
+BEGIN
+    SELECT array_agg(b.ctid) INTO tids
+      FROM (SELECT g.ctid FROM gd_buckets g
+             WHERE g.held > 0 OR EXISTS (SELECT 1 FROM gd_instances i
+                                          WHERE i.rate_limit = g.name AND i.rate_key = g.key
+                                            AND i.status = 'runnable' AND i.rate_paid)
+             ORDER BY g.name, g.key
+             LIMIT p_limit
+               FOR NO KEY UPDATE SKIP LOCKED) b;
+    WITH counted AS (
+        SELECT g.ctid AS tid, g.held AS was,
+               coalesce((SELECT sum(i.rate_weight) FROM gd_instances i
+                          WHERE i.rate_limit = g.name AND i.rate_key = g.key
+                            AND i.status = 'runnable' AND i.rate_paid), 0) AS held
+          FROM gd_buckets g
+         WHERE g.ctid = ANY (tids)
+    ), fixed AS (
+        UPDATE gd_buckets g SET held = c.held, tokens = g.tokens + (c.was - c.held)
+          FROM counted c
+         WHERE g.ctid = c.tid AND c.held <> c.was
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM fixed;
+    RETURN n;
+END
+$recount$;
 
 CREATE OR REPLACE FUNCTION gd_claim_rated(text, text[], int4[], int8, text, int8, timestamptz)
 RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
@@ -81,8 +126,12 @@ WITH picked AS MATERIALIZED (
 ), wants AS (
     -- The chosen rows that start only with tokens of their bucket: tokens they take now,
     -- or the ones they reserved (`rate_paid`).
-    SELECT c.id, c.rate_limit, c.rate_key, c.rate_weight, c.rate_paid, c.priority, c.eligible_at
+    -- A weight above its limit's burst (the burst was lowered after the row's insert)
+    -- counts as the burst: it could never be admitted otherwise.
+    SELECT c.id, c.rate_limit, c.rate_key, least(c.rate_weight, l.burst) AS rate_weight,
+           c.rate_paid, c.priority, c.eligible_at
       FROM chosen c
+      JOIN gd_rate_limits l ON l.name = c.rate_limit
      WHERE c.pays
 ), stored AS MATERIALIZED (
     SELECT b.tid, b.name, b.key, b.tokens, b.held, b.at
@@ -112,10 +161,11 @@ WITH picked AS MATERIALIZED (
     -- what the bucket holds. The line: reserved rows first (the bucket kept their tokens,
     -- `avail + held` in all), then the rest of what is reserved, then the rows that reserve
     -- now, each in pick order. A row past the line's tokens waits until they are there
-    -- (at most ~95 years: an extreme limit's debt stays a time PostgreSQL can add; R4-5);
-    -- a reserved row keeps its reservation.
+    -- (rounded up to the microsecond, so it never comes back a hair short; at most ~95
+    -- years: an extreme limit's debt stays a time PostgreSQL can add; R4-5); a reserved
+    -- row keeps its reservation.
     SELECT o.id, o.rate_limit, o.rate_key, o.rate_weight,
-           coalesce($7, now()) + least((o.pos - o.room) / o.per_second, 3e9)
+           coalesce($7, now()) + least(ceil((o.pos - o.room) / o.per_second * 1e6) / 1e6, 3e9)
                                  * interval '1 second' AS due
       FROM (SELECT w.id, w.rate_limit, w.rate_key, w.rate_weight, b.per_second,
                    b.avail + b.held AS room,
@@ -313,8 +363,12 @@ WITH head AS MATERIALIZED (
 ), wants AS (
     -- The chosen rows that start only with tokens of their bucket: tokens they take now,
     -- or the ones they reserved (`rate_paid`).
-    SELECT c.id, c.rate_limit, c.rate_key, c.rate_weight, c.rate_paid, c.priority, c.eligible_at
+    -- A weight above its limit's burst (the burst was lowered after the row's insert)
+    -- counts as the burst: it could never be admitted otherwise.
+    SELECT c.id, c.rate_limit, c.rate_key, least(c.rate_weight, l.burst) AS rate_weight,
+           c.rate_paid, c.priority, c.eligible_at
       FROM chosen c
+      JOIN gd_rate_limits l ON l.name = c.rate_limit
      WHERE c.pays
 ), stored AS MATERIALIZED (
     SELECT b.tid, b.name, b.key, b.tokens, b.held, b.at
@@ -344,10 +398,11 @@ WITH head AS MATERIALIZED (
     -- what the bucket holds. The line: reserved rows first (the bucket kept their tokens,
     -- `avail + held` in all), then the rest of what is reserved, then the rows that reserve
     -- now, each in pick order. A row past the line's tokens waits until they are there
-    -- (at most ~95 years: an extreme limit's debt stays a time PostgreSQL can add; R4-5);
-    -- a reserved row keeps its reservation.
+    -- (rounded up to the microsecond, so it never comes back a hair short; at most ~95
+    -- years: an extreme limit's debt stays a time PostgreSQL can add; R4-5); a reserved
+    -- row keeps its reservation.
     SELECT o.id, o.rate_limit, o.rate_key, o.rate_weight,
-           coalesce($7, now()) + least((o.pos - o.room) / o.per_second, 3e9)
+           coalesce($7, now()) + least(ceil((o.pos - o.room) / o.per_second * 1e6) / 1e6, 3e9)
                                  * interval '1 second' AS due
       FROM (SELECT w.id, w.rate_limit, w.rate_key, w.rate_weight, b.per_second,
                    b.avail + b.held AS room,

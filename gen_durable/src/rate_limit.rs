@@ -20,12 +20,17 @@
 //!   line (ahead of rows that have not reserved). One that comes late — its queue was
 //!   paused, no node was up, an operator restarted it — is not let through on top of a
 //!   refilled bucket: if the tokens are not there it waits again, keeping its place;
-//! - cancelling a reserved row gives its tokens back to the bucket;
+//! - cancelling a reserved row gives its tokens back to the bucket (retried, it pays
+//!   again);
 //! - a restart at another step (where the limit does not apply) gives them back too; a
-//!   restart at the limited step, like a retry, keeps the reservation and its place;
+//!   restart at the limited step keeps the reservation and its place;
+//! - the rows of a paused queue keep what they reserved: other queues' rows of the same
+//!   key wait behind them;
 //! - a new rate or burst applies from the next admission, reserved rows included.
 //!
-//! A due time is at most ~95 years away, whatever the limit and the debt.
+//! A due time is at most ~95 years away, whatever the limit and the debt. A weight
+//! above a lowered burst counts as the burst. The collector recounts `held` from the
+//! rows (`gd_recount_held`).
 use std::time::Duration;
 
 use serde::Serialize;

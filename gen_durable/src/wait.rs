@@ -167,11 +167,11 @@ impl<'c> Wait<'c> {
     }
 
     /// Waits at most this long (default 5 s), then answers [`Settled::Busy`]. The
-    /// deadline bounds the wait for a database connection too: if the pool has none to
-    /// give before it (a saturated pool, a database that does not answer), the wait
-    /// returns at the deadline, with `Busy` as of its last read, or, if it could not read
-    /// at all, with [`Error::Database`](crate::Error::Database)`(PoolTimedOut)`. A zero
-    /// timeout reads once, waiting for a connection as long as the pool does.
+    /// deadline bounds its database reads too: if one has not answered by then (a
+    /// saturated pool, a database that does not answer), the wait returns at the
+    /// deadline, with `Busy` as of its last read, or, if no read answered, with
+    /// [`Error::Database`](crate::Error::Database)`(PoolTimedOut)`. A zero timeout reads
+    /// once, as long as that takes the pool.
     /// [`Duration::MAX`] (or any time too far to add to now) waits until the instance
     /// settles.
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -206,18 +206,20 @@ impl<'c> Wait<'c> {
         let (pool, pooler) = (self.client.pool(), self.client.pooler());
         // None: no deadline (R4B-5: `Duration::MAX` overflowed the addition).
         let deadline = Instant::now().checked_add(self.timeout);
-        // A deadline already past bounds neither the key's lookup nor the first read of
-        // the row (`first_read`).
-        let mut bound = first_read(deadline);
+        let forever = deadline.is_none();
         let id = match &self.target {
             Target::Id(id) => *id,
             Target::Key(key) => {
-                let Some(mut conn) = connection(pool, bound).await? else {
-                    return Err(unanswered());
+                let lookup = async {
+                    let mut conn = connection(pool, forever).await?;
+                    pg::wait::id_by_key(pooler.alone(&mut *conn), key).await
                 };
-                match pg::wait::id_by_key(pooler.alone(&mut *conn), key).await? {
-                    Some(id) => id,
-                    None => return Err(not_found(&self.target)),
+                match within(first_read(deadline), lookup).await {
+                    None => return Err(unanswered()),
+                    Some(found) => match found? {
+                        Some(id) => id,
+                        None => return Err(not_found(&self.target)),
+                    },
                 }
             }
         };
@@ -227,14 +229,19 @@ impl<'c> Wait<'c> {
         let waiting = self.client.waiters().register(id, !self.until_terminal);
         let mut last = None;
         loop {
-            // No connection by the deadline (R4B-4): `Busy` as of the last read, in time.
-            let Some(mut conn) = connection(pool, bound).await? else {
+            let read = async {
+                let mut conn = connection(pool, forever).await?;
+                pg::wait::read(pooler.alone(&mut *conn), id).await
+            };
+            // Each read ends by the deadline (R4B-4): `Busy` as of the last read, in time.
+            let bound = match last {
+                None => first_read(deadline),
+                Some(_) => deadline,
+            };
+            let Some(read) = within(bound, read).await else {
                 return last.map(|row: WaitRow| row.busy()).ok_or_else(unanswered);
             };
-            bound = deadline;
-            let read = pg::wait::read(pooler.alone(&mut *conn), id).await?;
-            drop(conn);
-            let Some(row) = read else {
+            let Some(row) = read? else {
                 return Ok(Settled::Gone);
             };
             if let Some(settled) = row.settled(self.until_terminal) {
@@ -261,25 +268,30 @@ fn first_read(deadline: Option<Instant>) -> Option<Instant> {
     deadline.filter(|&d| d > Instant::now())
 }
 
-/// A connection for one read: one the pool gives before `deadline`, or `None`. The
-/// deadline bounds the wait for a connection, where a saturated pool would hold a waiter
-/// for its acquire timeout; a read that has its connection (one statement by primary
-/// key) runs to its end.
-async fn connection(
-    pool: &sqlx::PgPool,
-    deadline: Option<Instant>,
-) -> Result<Option<sqlx::pool::PoolConnection<sqlx::Postgres>>> {
-    let acquired = match deadline {
-        Some(d) => match tokio::time::timeout_at(d, pool.acquire()).await {
-            Ok(acquired) => acquired,
-            Err(_) => return Ok(None),
-        },
-        None => pool.acquire().await,
-    };
-    Ok(Some(acquired?))
+/// `read`'s output, or `None` if `bound` passes first (the read is dropped: sqlx gives
+/// back or closes its connection).
+async fn within<T>(bound: Option<Instant>, read: impl Future<Output = T>) -> Option<T> {
+    match bound {
+        Some(d) => tokio::time::timeout_at(d, read).await.ok(),
+        None => Some(read.await),
+    }
 }
 
-/// A wait whose deadline passed before the pool gave it a connection for a first read.
+/// A connection from the pool; a wait without a deadline (`forever`) asks again when the
+/// pool's acquire timeout passes.
+async fn connection(
+    pool: &sqlx::PgPool,
+    forever: bool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>> {
+    loop {
+        match pool.acquire().await {
+            Err(sqlx::Error::PoolTimedOut) if forever => continue,
+            acquired => return Ok(acquired?),
+        }
+    }
+}
+
+/// A wait whose deadline passed before its first read answered.
 fn unanswered() -> crate::Error {
     crate::Error::Database(sqlx::Error::PoolTimedOut)
 }

@@ -94,6 +94,7 @@ conformance! {
     rate_limits::r4_1_a_restart_or_a_cancel_and_retry_of_reserved_rows_starts_none_early,
     rate_limits::r4_2_reservations_claimed_late_do_not_exceed_the_burst,
     rate_limits::r4_5_a_reservation_beyond_the_interval_range_does_not_stop_its_queue,
+    rate_limits::a_reservation_is_due_when_its_token_is_whole_not_a_microsecond_before,
     transitions::a_transition_takes_a_partition_key_and_a_later_one_releases_it,
     transitions::a_transition_into_a_gate_runs_at_most_k_steps_of_the_key,
     transitions::what_the_database_refuses_of_a_transition_stops_the_instance_with_the_refusal,

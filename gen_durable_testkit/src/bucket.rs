@@ -40,8 +40,9 @@ impl Bucket {
 }
 
 /// When a row `short` tokens short of its place in the line may start: `now` plus the
-/// time the bucket takes to refill them, at most [`LONGEST_WAIT_SECS`].
+/// time the bucket takes to refill them, rounded up to the microsecond (so it never
+/// comes back a hair short), at most [`LONGEST_WAIT_SECS`].
 pub(crate) fn due(now: DateTime<Utc>, short: f64, per_second: f64) -> DateTime<Utc> {
-    let wait = (short / per_second).min(LONGEST_WAIT_SECS);
-    now + chrono::Duration::microseconds((wait * 1e6).round() as i64)
+    let wait = (short / per_second * 1e6).ceil() / 1e6;
+    now + chrono::Duration::microseconds((wait.min(LONGEST_WAIT_SECS) * 1e6) as i64)
 }

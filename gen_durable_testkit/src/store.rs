@@ -418,8 +418,9 @@ impl Store {
         if !paid && row.rate_step.as_deref() != Some(row.step.as_str()) {
             return true;
         }
-        let weight = row.rate_weight;
         let (rate, burst) = self.rate_limits[&key.0];
+        // A weight above the burst (lowered since the insert) counts as the burst.
+        let weight = row.rate_weight.min(burst);
         let mut bucket = self
             .buckets
             .get(&key)
@@ -442,6 +443,10 @@ impl Store {
         } else {
             // It waits for its tokens; one that had not reserved reserves them now.
             row.eligible_at = bucket::due(now, pos - room, rate);
+            assert!(
+                row.eligible_at > now,
+                "row {id} would wait for its tokens no time"
+            );
             if !paid {
                 row.rate_paid = true;
                 bucket.held += weight;

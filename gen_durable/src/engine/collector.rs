@@ -1,7 +1,8 @@
 //! The collector: deletes `done`/`failed` rows older than the retention, in bounded
 //! batches (`SKIP LOCKED`, so several nodes collecting at once only share the work),
 //! never a child whose parent is still live; and rate-limit buckets that are full again
-//! (`rate_limit::sweep`).
+//! (`rate_limit::sweep`), after recounting what buckets hold for reserved rows
+//! (`rate_limit::recount`).
 
 use std::time::Duration;
 
@@ -66,6 +67,7 @@ impl Service for Collector {
         let batch = self.cfg.batch as i64;
         let mut collected = Collected::default();
         let now = self.db.now();
+        on_conn!(self.db, |c| rate_limit::recount(c, batch))?;
         collected.buckets = on_conn!(self.db, |c| rate_limit::sweep(c, batch, now))? as usize;
         for _ in 0..BATCHES_PER_PASS {
             let now = self.db.now();

@@ -308,3 +308,25 @@ pub async fn r4_5_a_reservation_beyond_the_interval_range_does_not_stop_its_queu
     waiting.assert_status(Status::Runnable);
     assert_eq!(waiting.eligible_at, t0 + Span::seconds(3_000_000_000));
 }
+
+/// A token interval that is not a whole number of microseconds (3 a second): a reserved
+/// row is due when its token is whole (its due time rounded up), never a hair before,
+/// where its claim would find 0.999999 tokens and wait again for no time at all.
+pub async fn a_reservation_is_due_when_its_token_is_whole_not_a_microsecond_before<B: Backend>(
+    b: &mut B,
+) {
+    let t0 = b.now();
+    let limit = RateLimit::per(3, Duration::from_secs(1)).burst(1);
+    b.set_rate_limit("conf-third", limit).await.unwrap();
+    let o = || Opts::default().rate_limit("conf-third");
+    let first = b.insert::<Counter>(S::default(), o()).await.unwrap();
+    let second = b.insert::<Counter>(S::default(), o()).await.unwrap();
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+    b.get(first).await.assert_status(Status::Done);
+    let due = b.get(second).await.eligible_at;
+    assert_eq!(due, t0 + Span::microseconds(333_334));
+    b.advance(Duration::from_micros(333_333)).await;
+    assert_eq!(b.run().await.to_string(), "{steps: 0}");
+    b.advance(Duration::from_micros(1)).await;
+    assert_eq!(b.run().await.to_string(), "{next: 2, done: 1, steps: 3}");
+}

@@ -71,11 +71,12 @@ macro_rules! without_flush {
 ///   the queue, then counts free slots in a statement of its own, whose snapshot sees
 ///   what the claim before it took (two nodes otherwise chose the same free slots, and
 ///   one failed on the slot index every time).
-/// - Rate limits (migration 0012): chosen rows whose step is their limit's step and
-///   whose tokens are not paid (`wants`) take them from their key's bucket in pick order
-///   (a running sum of weights per key). The existing buckets are locked in key order
-///   (`stored`; only claims write them, so a claim waits at most for another claim's
-///   statement, and never in a cycle), refilled to now, and debited by the batch's total
+/// - Rate limits (migration 0012, 0031): chosen rows whose step is their limit's step,
+///   or that reserved tokens (`wants`), take them from their key's bucket, reserved rows
+///   first, in pick order (a running sum of weights per key). The existing buckets are
+///   locked in key order (`stored`; claims, and cancels and restarts that give tokens
+///   back after locking all their instances, write them, so a claim waits at most for
+///   such a statement, and never in a cycle), refilled to now, and debited by the batch's total
 ///   (`debited`); a key's first admission mints its bucket, full minus what it took
 ///   (`minted`; two claims minting one key at once: the loser fails on the primary key
 ///   and retries whole). A row beyond the tokens there is not claimed: it reserves its

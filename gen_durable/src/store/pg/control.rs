@@ -2,7 +2,9 @@
 //! batch (`Client::cancel_where` / `retry_where`). They wait for their row locks
 //! (one caller, one instance tree) and take them in ascending id order, a parent before
 //! its children, so that they cannot deadlock with each other; the engine's statements
-//! never wait, so they cannot deadlock with those.
+//! never wait for an instance, so they cannot deadlock with those. A cancel or a restart
+//! that gives rate-limit tokens back locks the buckets after all its instances, in key
+//! order, as a claim does (which locks its instances without waiting): no cycle.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -193,7 +195,9 @@ pub(crate) async fn cancel_many(
 /// [`CANCEL_TREE`].
 pub(super) const RETRY: &str = r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
-    SELECT i.id, i.status, i.parent_id, i.fsm_version FROM gd_instances i
+    SELECT i.id, i.status, i.parent_id, i.fsm_version, i.step, i.rate_limit, i.rate_key,
+           i.rate_weight, i.rate_step, i.rate_paid
+      FROM gd_instances i
      WHERE i.id = ANY ($1 || ARRAY(SELECT parent_id FROM gd_instances
                                     WHERE id = ANY ($1) AND parent_id IS NOT NULL))
      ORDER BY i.id
@@ -214,12 +218,14 @@ WITH locked AS MATERIALIZED (
 ), refund AS MATERIALIZED (
     -- A reservation of rate-limit tokens stays with a row restarted at the step it was
     -- made for (the row keeps its place in its bucket's line); a row restarted at another
-    -- step gives its tokens back (migration 0031). Buckets locked in key order.
+    -- step gives its tokens back (migration 0031). Read from `locked`: the rows as they
+    -- are once locked (a claim that held one may have reserved for it meanwhile), where
+    -- the statement's snapshot may be older. Buckets locked in key order.
     SELECT b.tid, r.w
-      FROM (SELECT i.rate_limit, i.rate_key, sum(i.rate_weight) AS w
-              FROM gd_instances i JOIN judged j ON j.id = i.id
-             WHERE j.go AND i.status = 'runnable' AND i.rate_paid
-               AND i.rate_step IS DISTINCT FROM coalesce($3::text, i.step)
+      FROM (SELECT l.rate_limit, l.rate_key, sum(l.rate_weight) AS w
+              FROM locked l JOIN judged j ON j.id = l.id
+             WHERE j.go AND l.status = 'runnable' AND l.rate_paid
+               AND l.rate_step IS DISTINCT FROM coalesce($3::text, l.step)
              GROUP BY 1, 2 ORDER BY 1, 2) r
      CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
                           WHERE g.name = r.rate_limit AND g.key = r.rate_key

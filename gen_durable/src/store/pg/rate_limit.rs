@@ -137,6 +137,19 @@ WITH idle AS MATERIALIZED (
 DELETE FROM gd_buckets b USING idle i WHERE b.name = i.name AND b.key = i.key
 "#;
 
+/// Recounts what up to `$1` buckets hold for their reserved rows (`gd_recount_held`,
+/// migration 0031): a write that missed `held` (a cancel by a node of an earlier version)
+/// is corrected at the collector's next pass.
+const RECOUNT: &str = "/* gd:rate_limit */ SELECT gd_recount_held($1)";
+
+/// Recounts up to `limit` buckets' reservations; how many were corrected.
+pub(crate) async fn recount<'e>(db: impl PgExecutor<'e>, limit: i64) -> Result<i64> {
+    Ok(sqlx::query_scalar(RECOUNT)
+        .bind(limit)
+        .fetch_one(db)
+        .await?)
+}
+
 /// Deletes up to `limit` idle buckets; how many.
 pub(crate) async fn sweep<'e>(
     db: impl PgExecutor<'e>,
