@@ -16,6 +16,21 @@ use crate::operator::RestartFound;
 use crate::pooler::On;
 use crate::Status;
 
+/// The end of a `refund` CTE of (`rate_limit`, `rate_key`, `w`) rows `r`, in key order:
+/// each bucket locked (as a claim locks them, after every instance), then given back `w`
+/// tokens that waiting rows had reserved (migration 0031). CANCEL_APPLY and RETRY.
+macro_rules! give_back {
+    () => {
+        "     CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
+                          WHERE g.name = r.rate_limit AND g.key = r.rate_key
+                            FOR NO KEY UPDATE) b
+), refunded AS (
+    UPDATE gd_buckets g SET tokens = g.tokens + f.w, held = greatest(g.held - f.w, 0)
+      FROM refund f WHERE g.ctid = f.tid
+"
+    };
+}
+
 /// Statement 1 of a cancel: the instances `$1` (one for `Client::cancel`, a batch for
 /// `Client::cancel_where`), their live descendants and their parents (whose counters the
 /// cancel decrements), locked in id order. `in_tree` is false for a parent outside the
@@ -44,7 +59,8 @@ SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
 /// the children this statement fails with it, so it keeps counting exactly its live
 /// children (the flagged ones); the parents outside that set are returned, one element
 /// per child failed, for the fan-in.
-pub(super) const CANCEL_APPLY: &str = r#"/* gd:cancel */
+pub(super) const CANCEL_APPLY: &str = concat!(
+    r#"/* gd:cancel */
 WITH refund AS MATERIALIZED (
     -- The rate-limit tokens that the runnable rows about to fail reserved, given back to
     -- their buckets (migration 0031); the buckets locked in key order, as a claim locks
@@ -54,13 +70,9 @@ WITH refund AS MATERIALIZED (
               FROM gd_instances i
              WHERE i.id = ANY ($1) AND i.status = 'runnable' AND i.rate_paid
              GROUP BY 1, 2 ORDER BY 1, 2) r
-     CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
-                          WHERE g.name = r.rate_limit AND g.key = r.rate_key
-                            FOR NO KEY UPDATE) b
-), refunded AS (
-    UPDATE gd_buckets g SET tokens = g.tokens + f.w, held = greatest(g.held - f.w, 0)
-      FROM refund f WHERE g.ctid = f.tid
-), failed AS (
+"#,
+    give_back!(),
+    r#"), failed AS (
     UPDATE gd_instances i
        SET status = 'failed', last_error = 'cancelled', cancel_requested = true,
            await_deadline = NULL, updated_at = coalesce($2, now()), rate_paid = false,
@@ -81,7 +93,8 @@ SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(pg_notify('gd_cancel', id::text)) FROM flagged) AS flagged,
        (SELECT coalesce(array_agg(parent_id), '{}') FROM failed
          WHERE parent_id IS NOT NULL AND parent_id NOT IN (SELECT id FROM failed)) AS parents
-"#;
+"#
+);
 
 /// Statement 3: the fan-in of the parents that statement 2 did not update itself (their
 /// locks are held since statement 1).
@@ -193,7 +206,8 @@ pub(crate) async fn cancel_many(
 /// status, its live children, whether it was taken; the queues woken. The instances and
 /// their parents are locked through one array of ids (primary-key probes), as in
 /// [`CANCEL_TREE`].
-pub(super) const RETRY: &str = r#"/* gd:retry */
+pub(super) const RETRY: &str = concat!(
+    r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
     SELECT i.id, i.status, i.parent_id, i.fsm_version, i.step, i.rate_limit, i.rate_key,
            i.rate_weight, i.rate_step, i.rate_paid
@@ -227,13 +241,9 @@ WITH locked AS MATERIALIZED (
              WHERE j.go AND l.status = 'runnable' AND l.rate_paid
                AND l.rate_step IS DISTINCT FROM coalesce($3::text, l.step)
              GROUP BY 1, 2 ORDER BY 1, 2) r
-     CROSS JOIN LATERAL (SELECT g.ctid AS tid FROM gd_buckets g
-                          WHERE g.name = r.rate_limit AND g.key = r.rate_key
-                            FOR NO KEY UPDATE) b
-), refunded AS (
-    UPDATE gd_buckets g SET tokens = g.tokens + f.w, held = greatest(g.held - f.w, 0)
-      FROM refund f WHERE g.ctid = f.tid
-), retried AS (
+"#,
+    give_back!(),
+    r#"), retried AS (
     UPDATE gd_instances i
        SET status = (CASE WHEN $3::text IS NOT NULL THEN 'runnable'
                           WHEN j.live > 0 THEN 'awaiting_children'
@@ -268,7 +278,8 @@ SELECT j.id, j.status::text AS status, j.parent_id, j.parent_status::text AS par
           FROM (SELECT DISTINCT queue FROM retried WHERE status = 'runnable') q) AS woke
   FROM judged j
  ORDER BY j.id
-"#;
+"#
+);
 
 /// RETRY's row for one instance.
 #[derive(Debug, Clone, sqlx::FromRow)]
