@@ -71,7 +71,7 @@ pub const SHARD_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from
 ///
 /// Both are written out in this module rather than taken from a crate: they are a dozen
 /// lines, and the placement of stored data must not move because a dependency changed. A
-/// golden test (`gen_durable_suite/tests/sharded_client.rs`) pins the shard of fixed
+/// golden test (`gen_durable_suite/tests/client_sharded.rs`) pins the shard of fixed
 /// keys; changing either function, the bytes hashed, or the order of the shards would be
 /// a migration of every stored instance, never a refactor.
 ///

@@ -9,39 +9,24 @@
 //! cargo test --test conformance pg::    # Postgres only
 //! ```
 
+#[path = "../common/mod.rs"]
 mod common;
 
-#[path = "conformance/backend.rs"]
 mod backend;
-#[path = "conformance/children.rs"]
 mod children;
-#[path = "conformance/explain.rs"]
 mod explain;
-#[path = "conformance/fsms.rs"]
 mod fsms;
-#[path = "conformance/gates.rs"]
 mod gates;
-#[path = "conformance/keys.rs"]
 mod keys;
-#[path = "conformance/kit_only.rs"]
 mod kit_only;
-#[path = "conformance/migrations.rs"]
 mod migrations;
-#[path = "conformance/model.rs"]
 mod model;
-#[path = "conformance/operator.rs"]
 mod operator;
-#[path = "conformance/outcomes.rs"]
 mod outcomes;
-#[path = "conformance/rate_limits.rs"]
 mod rate_limits;
-#[path = "conformance/scheduling.rs"]
 mod scheduling;
-#[path = "conformance/signals.rs"]
 mod signals;
-#[path = "conformance/transitions.rs"]
 mod transitions;
-#[path = "conformance/waits.rs"]
 mod waits;
 
 use backend::Backend;
