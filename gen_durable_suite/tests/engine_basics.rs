@@ -2,10 +2,13 @@
 
 mod common;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use common::{column, eventually, finished, status, Count, Events};
-use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step, StepError};
+use common::scenario::{int_col, q, ran, reg, reset_runs, row, runs, serial, wait_until};
+use common::{column, count, eventually, finished, status, Count, Events};
+use gen_durable::{Client, Engine, Entry, Event, QueueConfig, Registry, Step, StepError};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -342,4 +345,192 @@ async fn a_pool_of_two_is_not_starved_by_the_committer() {
     engine.shutdown(Duration::from_secs(5)).await;
     pool.close().await;
     db.close().await;
+}
+
+/// Steps that should finish at one moment, so that their outcomes share a group commit.
+struct Gather {
+    started: AtomicUsize,
+    want: AtomicUsize,
+    release: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Gather {
+    const fn new() -> Self {
+        Gather {
+            started: AtomicUsize::new(0),
+            want: AtomicUsize::new(0),
+            release: Mutex::new(None),
+        }
+    }
+
+    fn reset(&self, want: usize) {
+        self.started.store(0, SeqCst);
+        self.want.store(want, SeqCst);
+        *self.release.lock().unwrap() = None;
+    }
+
+    /// Counts this run in, waits (at most `max`) until `want` runs have started, then
+    /// sleeps until one shared instant 20 ms later: every waiting step wakes on the same
+    /// timer tick and sends its outcome before the committer runs again.
+    async fn arrive(&self, max: Duration) {
+        self.started.fetch_add(1, SeqCst);
+        let deadline = Instant::now() + max;
+        while self.started.load(SeqCst) < self.want.load(SeqCst) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let at = *self
+            .release
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| tokio::time::Instant::now() + Duration::from_millis(20));
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// E3: one outcome the server rejects must not fail its whole group commit
+// ---------------------------------------------------------------------------------------
+
+static POISON_GATHER: Gather = Gather::new();
+
+test_fsm!(Poison, state = Count, queue = "poison", version = 1, {
+    Run => "run" |ctx| {
+        ran("Poison", ctx.id());
+        POISON_GATHER.arrive(Duration::from_secs(5)).await;
+        match ctx.state.n {
+            1 => Ok(Step::replay(Duration::MAX)),
+            2 => Ok(Step::await_signal(["x"], Poison::After).timeout(Duration::MAX)),
+            3 => Ok(Step::done(json!({ "t": "a\u{0}b" }))),
+            4 => {
+                ctx.state.log.push("a\u{0}b".into());
+                Ok(Step::done(json!("nul in state")))
+            }
+            _ => Ok(Step::done(json!({ "innocent": true }))),
+        }
+    },
+    After => "after" |_ctx| { Ok(Step::done(json!("woke"))) },
+});
+
+/// `innocent` one-step instances and one poison of kind `poison`, all runnable at once
+/// (inserted before the engine starts, concurrency 64, lease 1 s): every innocent one
+/// is `done` after exactly one run with attempt 0; the poison is `failed` with a
+/// `last_error` containing `expect`.
+async fn poison_batch(poison: i64, innocent: usize, expect: &str, check_reaps: bool) {
+    let _serial = serial().await;
+    reset_runs("Poison");
+    POISON_GATHER.reset(innocent + 1);
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    let mut entries: Vec<Entry<Poison>> = (0..innocent)
+        .map(|_| Entry::new(Count::default()))
+        .collect();
+    entries.push(Entry::new(Count {
+        n: poison,
+        ..Default::default()
+    }));
+    let ids = gd.insert_all::<Poison>(entries).await.unwrap();
+    assert_eq!(ids.len(), innocent + 1);
+    let (innocents, poison_id) = (ids[..innocent].to_vec(), ids[innocent]);
+    let mut r = Registry::new();
+    reg::<Poison>(&mut r);
+    let events = common::Events::default();
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .on_event(events.handler())
+        .queue_with("poison", q(64))
+        .with_lease_ttl(Duration::from_secs(1))
+        .with_reaper_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    // Until every instance ended, or an innocent one ran twice (the old failure).
+    let settled = wait_until(15.0, || {
+        let (pool, ids, innocents) = (pool.clone(), ids.clone(), innocents.clone());
+        async move {
+            let open = count(
+                &pool,
+                &format!(
+                    "SELECT count(*) FROM gd_instances WHERE status NOT IN ('done', 'failed') AND id = ANY('{{{}}}')",
+                    ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+                ),
+            )
+            .await;
+            open == 0 || innocents.iter().any(|&i| runs("Poison", i) > 1)
+        }
+    })
+    .await;
+    let mut bad = Vec::new();
+    for &id in &innocents {
+        let (st, attempt) = (status(&pool, id).await, int_col(&pool, id, "attempt").await);
+        let n = runs("Poison", id);
+        if st != "done" || attempt != 0 || n != 1 {
+            bad.push(format!("{} runs={n}", row(&pool, id).await));
+        }
+    }
+    let poison_row = row(&pool, poison_id).await;
+    let poison_status = status(&pool, poison_id).await;
+    let poison_reaps = int_col(&pool, poison_id, "reaps").await;
+    let poison_err = common::column(&pool, poison_id, "last_error")
+        .await
+        .unwrap_or_default();
+    let poison_runs = runs("Poison", poison_id);
+    let batches: Vec<usize> = events
+        .all()
+        .iter()
+        .filter_map(|e| match e {
+            gen_durable::Event::CommitStop { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect();
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+    assert!(
+        bad.is_empty(),
+        "{} of {innocent} innocent instances were not done after exactly one run with attempt 0 \
+         (settled: {settled}); e.g. {:?}; poison {poison_row} runs={poison_runs}; \
+         sizes of the group commits that succeeded: {batches:?}",
+        bad.len(),
+        &bad[..bad.len().min(3)]
+    );
+    assert_eq!(
+        poison_status, "failed",
+        "the poison must be failed: {poison_row}"
+    );
+    if check_reaps {
+        assert_eq!(
+            poison_reaps, 0,
+            "the poison was failed by its commit, not reaped: {poison_row}"
+        );
+    }
+    assert!(
+        poison_err.contains(expect),
+        "the poison's last_error must name the cause ({expect:?}): {poison_row}"
+    );
+}
+
+/// E3: 50 innocent steps and one `Step::replay(Duration::MAX)` land in one group commit.
+/// The poison must fail alone (`failed`, reaps 0, "out of range"); the 50 others are
+/// `done` after exactly one run, attempt 0.
+#[tokio::test]
+async fn e3_one_poison_outcome_does_not_fail_its_batch() {
+    poison_batch(1, 50, "out of range", true).await;
+}
+
+/// E3: as above with `await_signal(..).timeout(Duration::MAX)` as the poison (10 innocent).
+#[tokio::test]
+async fn e3_poison_await_timeout_does_not_fail_its_batch() {
+    poison_batch(2, 10, "out of range", false).await;
+}
+
+/// E3: as above with a `done` result holding a NUL character (jsonb rejects `\u0000`).
+#[tokio::test]
+async fn e3_poison_nul_in_result_does_not_fail_its_batch() {
+    poison_batch(3, 10, "NUL", false).await;
+}
+
+/// E3: as above with a state holding a NUL character.
+#[tokio::test]
+async fn e3_poison_nul_in_state_does_not_fail_its_batch() {
+    poison_batch(4, 10, "NUL", false).await;
 }

@@ -3,12 +3,16 @@
 
 mod common;
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
+use common::scenario::{is_terminal, q, reg, row, serial, wait_until};
 use common::{column, count, eventually, finished, status, Count, Events};
-use gen_durable::{Child, Client, Engine, EngineBuilder, QueueConfig, Registry, Step};
+use gen_durable::{Child, Client, Engine, EngineBuilder, Entry, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
+use tokio::sync::Notify;
 
 test_fsm!(Leaf, state = Count, queue = "fan", version = 1, {
     Run => "run" |ctx| {
@@ -285,4 +289,120 @@ async fn outcomes_deferred_by_a_held_parent_commit_once_it_is_let_go() {
     assert_eq!(count(db.pool(), &once).await, 4);
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// E15: a caller's lock on a parent does not stall the group commit
+// ---------------------------------------------------------------------------------------
+
+static E15_KID_STARTED: AtomicBool = AtomicBool::new(false);
+fn e15_gate() -> &'static Notify {
+    static G: OnceLock<Notify> = OnceLock::new();
+    G.get_or_init(Notify::new)
+}
+
+test_fsm!(E15Kid, state = Count, queue = "e15", version = 1, {
+    Run => "run" |_ctx| {
+        E15_KID_STARTED.store(true, SeqCst);
+        e15_gate().notified().await;
+        Ok(Step::done(json!("kid")))
+    },
+});
+
+test_fsm!(E15Parent, state = Count, queue = "e15", version = 1, {
+    Spawn => "spawn" |_ctx| {
+        Ok(Step::schedule_children(vec![Child::new::<E15Kid>(Count::default())], E15Parent::After))
+    },
+    After => "after" |ctx| { Ok(Step::done(json!({ "children": ctx.children().len() }))) },
+});
+
+test_fsm!(E15Quick, state = Count, queue = "e15", version = 1, {
+    Run => "run" |_ctx| { Ok(Step::done(json!("quick"))) },
+});
+
+/// E15: parent P awaits one child. A caller signals P in a transaction it keeps open 3 s
+/// (P's row is locked). Meanwhile the child finishes, and 3 unrelated instances become
+/// runnable: they must be `done` within 1 s, while the caller still holds its lock (the
+/// child's fan-in must not stall the node's group commit). After the caller commits, P
+/// ends `done`.
+#[tokio::test]
+async fn e15_a_caller_lock_on_a_parent_does_not_stall_the_group_commit() {
+    let _serial = serial().await;
+    E15_KID_STARTED.store(false, SeqCst);
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    let mut r = Registry::new();
+    reg::<E15Kid>(&mut r);
+    reg::<E15Parent>(&mut r);
+    reg::<E15Quick>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with("e15", q(8))
+        .start()
+        .await
+        .unwrap();
+    let p = gd.insert::<E15Parent>(Count::default()).await.unwrap();
+    assert!(
+        wait_until(10.0, || async {
+            E15_KID_STARTED.load(SeqCst) && status(&pool, p).await == "awaiting_children"
+        })
+        .await,
+        "the child runs"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    gd.signal(p, "x", json!({}))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let locked_at = Instant::now();
+    // The child finishes; its commit has P to decrement.
+    e15_gate().notify_one();
+    // (Old code: that commit now waits on P's lock. Give it the moment to get there.)
+    wait_until(0.5, || async {
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+               AND wait_event_type = 'Lock' AND query LIKE '%gd_commit_outcomes%'",
+        )
+        .await
+            > 0
+    })
+    .await;
+    let quick = gd
+        .insert_all::<E15Quick>((0..3).map(|_| Entry::new(Count::default())))
+        .await
+        .unwrap();
+    let runnable_at = Instant::now();
+    let in_time = wait_until(1.0, || async {
+        let mut all = true;
+        for &i in &quick {
+            all &= status(&pool, i).await == "done";
+        }
+        all
+    })
+    .await;
+    let took = runnable_at.elapsed();
+    let mut quick_rows = Vec::new();
+    for &i in &quick {
+        quick_rows.push(row(&pool, i).await);
+    }
+    let still_locked = locked_at.elapsed() < Duration::from_secs(3);
+    // The caller's transaction stays open 3 s in all.
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(locked_at.elapsed())).await;
+    tx.commit().await.unwrap();
+    let p_done = wait_until(10.0, || async { is_terminal(&pool, p).await }).await;
+    let p_row = row(&pool, p).await;
+    let p_status = status(&pool, p).await;
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+    assert!(
+        in_time && still_locked,
+        "3 unrelated instances must be done within 1 s while a caller holds the parent's lock; \
+         after {took:?} (lock still held: {still_locked}): {quick_rows:?}"
+    );
+    assert!(
+        p_done && p_status == "done",
+        "the parent ends done after the caller commits: {p_row}"
+    );
 }

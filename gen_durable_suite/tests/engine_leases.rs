@@ -4,10 +4,11 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use common::scenario::{int_col, is_terminal, ran, reg, reset_runs, row, runs, serial, wait_until};
 use common::{column, count, eventually, finished, status, Count, Events};
-use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step};
+use gen_durable::{Client, Engine, Entry, Error, Event, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 use tokio::sync::Notify;
@@ -413,4 +414,273 @@ async fn drain_past_its_deadline_cancels_and_releases_without_an_attempt() {
     assert_eq!(status(db.pool(), id).await, "runnable");
     assert_eq!(column(db.pool(), id, "attempt").await.as_deref(), Some("0"));
     db.close().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// E20 and E5: leases of a healthy node under a caller's row lock
+// ---------------------------------------------------------------------------------------
+
+test_fsm!(E20Work, state = Count, queue = "e20", version = 1, {
+    Run => "run" |ctx| {
+        ran("E20Work", ctx.id());
+        tokio::time::sleep(Duration::from_millis(ctx.state.n as u64)).await;
+        Ok(Step::done(json!({ "attempt": ctx.attempt() })))
+    },
+});
+
+/// E20: lease 1 s, reaper 100 ms, default heartbeat (ttl/3). Row A runs a 6 s step and
+/// row B a 2.5 s step on one node; a caller signals A in a transaction it keeps open
+/// 1.5 s. One lease loss may cost one rerun, but a stale run that ends must not drop the
+/// newer claim's lease: A and B both end `done` with at most 2 runs each.
+#[tokio::test]
+async fn e20_a_stale_run_does_not_unregister_the_newer_claim() {
+    let _serial = serial().await;
+    reset_runs("E20Work");
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    let mut r = Registry::new();
+    reg::<E20Work>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with("e20", q(8))
+        .with_lease_ttl(Duration::from_secs(1))
+        .with_reaper_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    let a = gd
+        .insert::<E20Work>(Count {
+            n: 6000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let b = gd
+        .insert::<E20Work>(Count {
+            n: 2500,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        wait_until(10.0, || async {
+            runs("E20Work", a) >= 1 && runs("E20Work", b) >= 1
+        })
+        .await,
+        "both running"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    gd.signal(a, "x", json!({}))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the caller's other work
+    tx.commit().await.unwrap();
+    let settled = wait_until(18.0, || async {
+        (is_terminal(&pool, a).await && is_terminal(&pool, b).await)
+            || runs("E20Work", a) > 2
+            || runs("E20Work", b) > 2
+    })
+    .await;
+    let msg = format!(
+        "A {} runs={} | B {} runs={} (settled: {settled})",
+        row(&pool, a).await,
+        runs("E20Work", a),
+        row(&pool, b).await,
+        runs("E20Work", b)
+    );
+    let (sa, sb) = (status(&pool, a).await, status(&pool, b).await);
+    drop(engine);
+    db.close().await;
+    assert!(
+        runs("E20Work", a) <= 2 && runs("E20Work", b) <= 2,
+        "at most 2 runs each: {msg}"
+    );
+    assert!(sa == "done" && sb == "done", "A and B end done: {msg}");
+}
+
+test_fsm!(E5Work, state = Count, queue = "e5", version = 1, {
+    Run => "run" |ctx| {
+        ran("E5Work", ctx.id());
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        Ok(Step::done(json!({ "attempt": ctx.attempt() })))
+    },
+});
+
+/// E5: a node runs 5 rows with 4 s steps, lease 2 s. A caller holds, for 3 s, a
+/// transaction that signalled one of them (locking its row). The node's other 4 leases
+/// must keep being extended: those rows are never reaped (reaps 0) and run once.
+#[tokio::test]
+async fn e5_a_caller_lock_on_one_row_does_not_expire_the_nodes_other_leases() {
+    let _serial = serial().await;
+    reset_runs("E5Work");
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    let ids = gd
+        .insert_all::<E5Work>((0..5).map(|_| Entry::new(Count::default())))
+        .await
+        .unwrap();
+    let mut r = Registry::new();
+    reg::<E5Work>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with("e5", q(8))
+        .with_lease_ttl(Duration::from_secs(2))
+        .with_reaper_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
+    assert!(
+        wait_until(10.0, || async {
+            ids.iter().all(|&i| runs("E5Work", i) >= 1)
+        })
+        .await,
+        "all 5 running"
+    );
+    // The lowest id: the heartbeat reaches it first.
+    let locked = ids[0];
+    let mut tx = pool.begin().await.unwrap();
+    gd.signal(locked, "note", json!({}))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await; // the caller's other work
+    tx.commit().await.unwrap();
+    let others = ids[1..].to_vec();
+    let settled = wait_until(15.0, || async {
+        let mut all = true;
+        for &i in &ids {
+            all &= is_terminal(&pool, i).await;
+        }
+        all || others.iter().any(|&i| runs("E5Work", i) > 1)
+    })
+    .await;
+    let mut bad = Vec::new();
+    let mut all = Vec::new();
+    for &i in &others {
+        let d = format!("{} runs={}", row(&pool, i).await, runs("E5Work", i));
+        if int_col(&pool, i, "reaps").await != 0
+            || runs("E5Work", i) != 1
+            || status(&pool, i).await != "done"
+        {
+            bad.push(d.clone());
+        }
+        all.push(d);
+    }
+    let locked_row = row(&pool, locked).await;
+    drop(engine);
+    db.close().await;
+    assert!(
+        bad.is_empty(),
+        "rows other than the locked one must never be reaped and run once (settled: {settled}): \
+         {bad:?}; locked row {locked_row}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// E7: rows the reaper fails keep no signals
+// ---------------------------------------------------------------------------------------
+
+test_fsm!(E7Idle, state = Count, queue = "e7", version = 1, {
+    Run => "run" |_ctx| { Ok(Step::done(json!(null))) },
+});
+
+/// E7: rows of a dead node (executing, locked_by 'dead', at their last reap) expire while
+/// senders keep delivering signals to them; the reaper fails them. Afterwards no signal
+/// may remain whose target is `done` or `failed`. Ten rounds of 500 rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e7_rows_failed_by_the_reaper_keep_no_signals() {
+    let _serial = serial().await;
+    let db = TestDb::with_pool_size(16).await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    let mut r = Registry::new();
+    reg::<E7Idle>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with("e7", q(1))
+        .with_reaper_interval(Duration::from_millis(10))
+        .start()
+        .await
+        .unwrap();
+    let mut report = Vec::new();
+    let mut orphans_total = 0;
+    for round in 0..10 {
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO gd_instances (fsm, fsm_version, step, status, state, queue, locked_by,
+                                       lease_epoch, lease_expires_at, reaps, max_reaps)
+             SELECT 'Ghost', 1, 'run', 'executing', '{}', 'ghost', 'dead', 1,
+                    now() + interval '300 milliseconds', 0, 1
+               FROM generate_series(1, 500)
+             RETURNING id",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let mut senders = Vec::new();
+        for k in 0..6usize {
+            let (gd, ids) = (gd.clone(), ids.clone());
+            senders.push(tokio::spawn(async move {
+                let mut live: Vec<i64> = ids.iter().copied().skip(k).step_by(6).collect();
+                let deadline = Instant::now() + Duration::from_secs(15);
+                let mut stored = 0usize;
+                while !live.is_empty() && Instant::now() < deadline {
+                    let mut still = Vec::with_capacity(live.len());
+                    for id in live {
+                        match gd.signal(id, "poke", json!({})).await {
+                            Ok(_) => {
+                                stored += 1;
+                                still.push(id);
+                            }
+                            Err(Error::Finished { .. }) => {}
+                            Err(e) => panic!("delivery to {id}: {e}"),
+                        }
+                    }
+                    live = still;
+                }
+                (stored, live.len())
+            }));
+        }
+        let mut stored = 0;
+        let mut left = 0;
+        for s in senders {
+            let (a, b) = s.await.unwrap();
+            stored += a;
+            left += b;
+        }
+        let ids_txt = ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let failed = count(
+            &pool,
+            &format!("SELECT count(*) FROM gd_instances WHERE status = 'failed' AND id = ANY('{{{ids_txt}}}')"),
+        )
+        .await;
+        let orphans = count(
+            &pool,
+            &format!(
+                "SELECT count(*) FROM gd_signals s JOIN gd_instances i ON i.id = s.target_id
+                  WHERE i.status IN ('done', 'failed') AND i.id = ANY('{{{ids_txt}}}')"
+            ),
+        )
+        .await;
+        orphans_total += orphans;
+        report.push(format!(
+            "round {round}: failed {failed}/500, signals stored {stored}, rows never finished {left}, orphans {orphans}"
+        ));
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+    assert!(
+        report.iter().all(|r| r.contains("failed 500/500")),
+        "every dead-node row was failed by the reaper: {report:?}"
+    );
+    assert_eq!(
+        orphans_total, 0,
+        "signals left on instances the reaper failed: {report:?}"
+    );
 }

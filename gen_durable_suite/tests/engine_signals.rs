@@ -3,10 +3,13 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::scenario::{reg, serial, wait_until};
 use common::{column, count, eventually, finished, status, Count};
-use gen_durable::{Client, Engine, QueueConfig, Registry, Step};
+use gen_durable::{Client, Engine, Entry, Error, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -444,4 +447,150 @@ async fn deliveries_racing_the_commits_that_park_wake_every_instance() {
         n as i64
     );
     db.close().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// E6: database default REPEATABLE READ must not lose wake-ups
+// ---------------------------------------------------------------------------------------
+
+test_fsm!(E6Parker, state = Count, queue = "e6", version = 1, {
+    Park => "park" |_ctx| { Ok(Step::await_signal(["go"], E6Parker::Go)) },
+    Go => "go" |ctx| { Ok(Step::done(json!(ctx.awaited().len()))) },
+});
+
+/// A serialization failure or deadlock of the caller's own REPEATABLE READ transaction.
+fn is_serialization_failure(e: &Error) -> bool {
+    let coded = matches!(e, Error::Database(sqlx::Error::Database(db))
+        if matches!(db.code().as_deref(), Some("40001" | "40P01")));
+    let text = e.to_string();
+    coded || text.contains("could not serialize") || text.contains("deadlock detected")
+}
+
+/// E6: the database's default isolation is REPEATABLE READ. Instances park on `go` while
+/// senders deliver their `go` concurrently, each in a short transaction of its own, so
+/// that deliveries race the group commits that park. Every instance must be woken and
+/// end `done`; none may stay `awaiting_signal` with its signal in the inbox. (A delivery
+/// refused with a serialization failure is sent again: that is the caller's to handle.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e6_repeatable_read_default_loses_no_wake_up() {
+    let _serial = serial().await;
+    let db = TestDb::new().await;
+    sqlx::query(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.name()
+    ))
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let pool = db.new_pool(10).await;
+    let iso: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(iso, "repeatable read");
+    let gd = Client::new(pool.clone());
+    let mut r = Registry::new();
+    reg::<E6Parker>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with(
+            "e6",
+            QueueConfig::new(64).with_poll_interval(Duration::from_millis(20)),
+        )
+        .with_timeout_interval(Duration::from_millis(50))
+        .start()
+        .await
+        .unwrap();
+    let rounds = 5;
+    let n = 200;
+    let mut stranded_total = 0;
+    let mut report = Vec::new();
+    let retries = Arc::new(AtomicI64::new(0));
+    for round in 0..rounds {
+        let ids = gd
+            .insert_all::<E6Parker>((0..n).map(|_| Entry::new(Count::default())))
+            .await
+            .unwrap();
+        let mut senders = Vec::new();
+        for k in 0..4usize {
+            let (gd, ids, pool, retries) = (gd.clone(), ids.clone(), pool.clone(), retries.clone());
+            senders.push(tokio::spawn(async move {
+                for &id in ids.iter().skip(k).step_by(4) {
+                    let mut tries = 0;
+                    loop {
+                        let mut tx = pool.begin().await.unwrap();
+                        let res = gd.signal(id, "go", json!({})).execute(&mut *tx).await;
+                        match res {
+                            Ok(_) => {
+                                // Hold the row a moment: a commit that parks it waits on us.
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                                match tx.commit().await {
+                                    Ok(()) => break,
+                                    Err(e) => panic!("commit of the delivery to {id}: {e}"),
+                                }
+                            }
+                            Err(e) if is_serialization_failure(&e) && tries < 50 => {
+                                tries += 1;
+                                retries.fetch_add(1, SeqCst);
+                                drop(tx);
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Err(e) => panic!("delivery to {id}: {e}"),
+                        }
+                    }
+                }
+            }));
+        }
+        for s in senders {
+            s.await.unwrap();
+        }
+        let ids_txt = ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let quiet = wait_until(20.0, || {
+            let (pool, ids_txt) = (pool.clone(), ids_txt.clone());
+            async move {
+                count(
+                    &pool,
+                    &format!("SELECT count(*) FROM gd_instances WHERE status IN ('runnable', 'executing') AND id = ANY('{{{ids_txt}}}')"),
+                )
+                .await
+                    == 0
+            }
+        })
+        .await;
+        let stranded = count(
+            &pool,
+            &format!(
+                "SELECT count(*) FROM gd_instances i WHERE i.status = 'awaiting_signal'
+                   AND i.id = ANY('{{{ids_txt}}}')
+                   AND EXISTS (SELECT 1 FROM gd_signals s WHERE s.target_id = i.id AND s.name = ANY (i.awaits))"
+            ),
+        )
+        .await;
+        let done = count(
+            &pool,
+            &format!("SELECT count(*) FROM gd_instances WHERE status = 'done' AND id = ANY('{{{ids_txt}}}')"),
+        )
+        .await;
+        stranded_total += stranded;
+        report.push(format!(
+            "round {round}: done {done}/{n}, stranded {stranded}, quiet {quiet}"
+        ));
+    }
+    engine.shutdown(Duration::from_secs(5)).await;
+    pool.close().await;
+    db.close().await;
+    assert_eq!(
+        stranded_total,
+        0,
+        "instances parked with their signal in the inbox: {report:?} (deliveries retried: {})",
+        retries.load(SeqCst)
+    );
+    assert!(
+        report.iter().all(|r| r.contains(&format!("done {n}/{n}"))),
+        "every instance done: {report:?}"
+    );
 }

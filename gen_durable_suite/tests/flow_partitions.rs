@@ -6,8 +6,9 @@ mod common;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::scenario::{reg, serial, wait_until};
 use common::{count, eventually, finished, status, Count, Events};
-use gen_durable::{Client, Engine, Event, QueueConfig, Registry, Step};
+use gen_durable::{Client, Engine, Entry, Event, QueueConfig, Registry, Step};
 use gen_durable_testkit::TestDb;
 use serde_json::json;
 
@@ -252,4 +253,66 @@ async fn a_dead_workers_partition_frees_when_its_lease_is_reaped() {
     assert_eq!(advisory, 0, "no advisory lock is ever taken");
     other.shutdown(Duration::from_secs(5)).await;
     db.close().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// E16: a hot partition at the head of a queue runs back to back, not once per poll
+// ---------------------------------------------------------------------------------------
+
+test_fsm!(E16Work, state = Count, queue = "e16", version = 1, {
+    Run => "run" |_ctx| {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok(Step::done(json!(null)))
+    },
+});
+
+/// E16: 200 rows of one partition key (10 ms steps) ahead of 50 unpartitioned ones,
+/// concurrency 10 and a 1 s poll interval. A claim takes one row of the key and hands
+/// the rest back; the key's next row must be claimed when its step ends, not at the next
+/// poll: at least 100 of the key's rows are done within 6 s (once per poll would be ~6).
+#[tokio::test]
+async fn e16_a_hot_partition_runs_back_to_back() {
+    let _serial = serial().await;
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    let gd = Client::new(pool.clone());
+    gd.insert_all::<E16Work>(
+        (0..200).map(|_| Entry::new(Count::default()).partition_key("acct:hot")),
+    )
+    .await
+    .unwrap();
+    gd.insert_all::<E16Work>((0..50).map(|_| Entry::new(Count::default())))
+        .await
+        .unwrap();
+    let mut r = Registry::new();
+    reg::<E16Work>(&mut r);
+    let engine = Engine::builder(pool.clone())
+        .with_registry(r)
+        .queue_with(
+            "e16",
+            QueueConfig::new(10)
+                .with_poll_interval(Duration::from_secs(1))
+                .with_max_poll_interval(Duration::from_secs(1)),
+        )
+        .start()
+        .await
+        .unwrap();
+    let hot_done = || async {
+        count(
+            &pool,
+            "SELECT count(*) FROM gd_instances WHERE partition_key = 'acct:hot' AND status = 'done'",
+        )
+        .await
+    };
+    let ok = wait_until(6.0, || async { hot_done().await >= 100 }).await;
+    let n = hot_done().await;
+    let plain = count(
+        &pool,
+        "SELECT count(*) FROM gd_instances WHERE partition_key IS NULL AND status = 'done'",
+    )
+    .await;
+    drop(engine);
+    db.close().await;
+    assert!(ok, "only {n} of the hot key's 200 rows done in 6 s");
+    assert_eq!(plain, 50, "the unpartitioned rows are not held back");
 }

@@ -2,6 +2,8 @@
 //! macros) and small helpers.
 #![allow(dead_code)]
 
+pub mod scenario;
+
 use gen_durable::{Ctx, DurableState, Fsm, Step, StepFuture};
 use serde::{Deserialize, Serialize};
 
