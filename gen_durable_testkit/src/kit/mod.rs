@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::builders::{KitInsert, KitInsertJson, KitSignal, KitWait, Outbox, SignalSender};
 use crate::instance::Instance;
-use crate::schedules::{self, KitSchedule};
+use crate::store::schedule::{self, KitSchedule};
 use crate::store::Store;
 use crate::tally::Tally;
 
@@ -147,7 +147,7 @@ impl TestKit {
     /// from its first fire time after now (see the README, "Changing a schedule").
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         let now = self.now();
-        if let Some(skipped) = schedules::declare(&mut self.schedules, schedule, now) {
+        if let Some(skipped) = schedule::declare(&mut self.schedules, schedule, now) {
             self.events.push(skipped);
         }
         self

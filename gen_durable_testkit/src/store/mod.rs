@@ -16,12 +16,14 @@ use gen_durable::{
 };
 use serde_json::Value;
 
-use crate::bucket::{self, Bucket};
 use crate::instance::Instance;
+use rate_limit::{self as bucket, Bucket};
 
 mod bulk;
 mod explain;
 mod migration;
+mod rate_limit;
+pub(crate) mod schedule;
 
 pub use explain::{KIT_LEASE, KIT_NODE};
 
