@@ -54,8 +54,8 @@ impl Client {
     ///
     /// A child is retried only while its parent still waits for its children (it then
     /// waits for this one again); once the parent has gone on, the retry is refused with
-    /// [`Error::ParentMovedOn`]. A parent that still has live children (cancelled while a
-    /// child ran) waits for them again instead of running at once.
+    /// [`Error::ParentMovedOn`](crate::Error::ParentMovedOn). A parent that still has live
+    /// children (cancelled while a child ran) waits for them again instead of running at once.
     pub async fn retry(&self, id: i64) -> Result<()> {
         // One statement; in a transaction so that it is one behind a pooler too.
         let mut tx = self.pool.begin().await?;

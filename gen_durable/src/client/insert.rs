@@ -21,7 +21,7 @@ use crate::store::pg;
 impl Client {
     /// Starts an insert of one instance of `F`. Set options, then `.await` it (or
     /// `.execute(&mut *tx)` inside a transaction). Returns the id once the row is
-    /// committed, or [`Error::Duplicate`] if its unique key is occupied.
+    /// committed, or [`Error::Duplicate`](crate::Error::Duplicate) if its unique key is occupied.
     ///
     /// Awaited inserts of one client that run at the same moment share a statement
     /// (group insert): each still returns its own id after its own row is committed, but

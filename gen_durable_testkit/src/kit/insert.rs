@@ -13,7 +13,7 @@ use crate::builders::{KitInsert, KitInsertJson};
 
 impl TestKit {
     /// Starts an insert of one instance of `F` (registering `F` if needed). Set options,
-    /// then `.await` it: `Ok(id)` or [`Error::Duplicate`].
+    /// then `.await` it: `Ok(id)` or [`Error::Duplicate`](gen_durable::Error::Duplicate).
     pub fn insert<F: Fsm>(&mut self, state: F::State) -> KitInsert<'_, F> {
         KitInsert::new(self, state)
     }
