@@ -53,13 +53,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod bucket;
 mod builders;
 mod drain;
 mod instance;
 mod kit;
 pub mod pg;
-mod schedules;
 pub mod statements;
 mod store;
 mod tally;

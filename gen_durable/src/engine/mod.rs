@@ -17,7 +17,7 @@
 //! # The path of a step, and the file of each stage
 //!
 //! ```text
-//!  Client::insert ─────────────► gd_instances row `runnable`        client.rs, store/pg/insert.rs
+//!  Client::insert ─────────────► gd_instances row `runnable`        client/insert.rs, store/pg/insert.rs
 //!        (NOTIFY gd_wake, coalesced)                                notify.rs
 //!             │
 //!  listener ──┤ wakes the queue's picker; polling backs it up       engine/listener.rs
@@ -28,7 +28,7 @@
 //!  executor: run the step outside any transaction                   engine/executor.rs, runtime.rs, ctx.rs
 //!        (run-ahead: go on with the next `next` under the claim)
 //!             ▼
-//!  committer: group commit, fenced by (locked_by, lease_epoch)      engine/committer.rs
+//!  committer: group commit, fenced by (locked_by, lease_epoch)      engine/committer/{batching,group,own}.rs
 //!        or the step's own transaction; one statement:              store/pg/outcome.rs,
 //!        gd_commit_outcomes                                         migrations/0004, 0005
 //!             │
