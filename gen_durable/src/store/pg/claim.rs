@@ -133,11 +133,11 @@ pub(super) const CLAIM_PLAIN: &str = concat!(
 /// three, 0031 `gd_claim` and `gd_claim_rated`. (0022 recreated all three from their definitions with a new epoch: [`body`]
 /// makes the same change in the older ones.)
 const FUNCTIONS: [&str; 5] = [
-    include_str!("../../../../migrations/0015_claim_functions.sql"),
-    include_str!("../../../../migrations/0016_claim_plans.sql"),
-    include_str!("../../../../migrations/0020_flow_costs.sql"),
-    include_str!("../../../../migrations/0026_claim_inbox_in_one_pass.sql"),
-    include_str!("../../../../migrations/0031_reservations_and_pauses.sql"),
+    include_str!("../../../migrations/0015_claim_functions.sql"),
+    include_str!("../../../migrations/0016_claim_plans.sql"),
+    include_str!("../../../migrations/0020_flow_costs.sql"),
+    include_str!("../../../migrations/0026_claim_inbox_in_one_pass.sql"),
+    include_str!("../../../migrations/0031_reservations_and_pauses.sql"),
 ];
 
 /// The statement inside claim function `function` (`gd_claim`, `gd_claim_rated` or
