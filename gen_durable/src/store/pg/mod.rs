@@ -141,7 +141,7 @@ mod tests {
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
         ("bulk.rs", include_str!("bulk.rs")),
-        ("claim.rs", include_str!("claim.rs")),
+        ("claim/statement.rs", include_str!("claim/statement.rs")),
         ("control.rs", include_str!("control.rs")),
         ("counts.rs", include_str!("counts.rs")),
         ("explain.rs", include_str!("explain.rs")),
