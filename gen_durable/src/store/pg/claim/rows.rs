@@ -47,7 +47,8 @@ pub(crate) struct Pick {
     /// The statement's time.
     pub(crate) now: Option<DateTime<Utc>>,
     /// Whether a gate or a rate limit is declared: the next pick's variant
-    /// ([`CLAIM`] or [`CLAIM_PLAIN`]). `None` when the pick returned nothing.
+    /// ([`CLAIM`](super::CLAIM) or [`CLAIM_PLAIN`](super::CLAIM_PLAIN)). `None` when the
+    /// pick returned nothing.
     pub(crate) flow: Option<bool>,
     /// `flow` differs from the variant this pick ran: pick again at once with the other.
     pub(crate) switch: bool,
@@ -83,6 +84,6 @@ pub(crate) struct ClaimParams<'a> {
     pub(crate) node: &'a str,
     pub(crate) lease_ttl_ms: i64,
     pub(crate) now: Option<DateTime<Utc>>,
-    /// Gates or rate limits are declared (as the last pick found): the full [`CLAIM`].
+    /// Gates or rate limits are declared (as the last pick found): the full [`CLAIM`](super::CLAIM).
     pub(crate) flow: bool,
 }
