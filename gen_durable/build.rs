@@ -2,5 +2,5 @@
 //! compile time, and cargo does not otherwise watch it.
 
 fn main() {
-    println!("cargo:rerun-if-changed=../migrations");
+    println!("cargo:rerun-if-changed=migrations");
 }

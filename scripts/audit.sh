@@ -2,7 +2,7 @@
 # Reruns the SQL audit's probes (../shared/audit, or $AUDIT) against this tree: a copy of
 # the probes in target/audit, with their prep.sql generated from the engine's statements
 # as they are now (gd_audit_prep; so is the reap that the pgbench race e7 runs), on a
-# scratch database built from ./migrations.
+# scratch database built from gen_durable/migrations.
 # Each probe's output lands beside it: target/audit/<probe>.out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +12,4 @@ rm -rf target/audit && mkdir -p target/audit && cp "$src"/* target/audit/ && chm
 sed -i "s/the project's migrations/the project migrations/" target/audit/run_all.sh
 cargo run --quiet -p gen_durable_suite --bin gd_audit_prep > target/audit/prep.sql
 cargo run --quiet -p gen_durable_suite --bin gd_audit_prep -- reap-pgbench > target/audit/e7_reap_exact.pgb
-MIGRATIONS="$PWD/migrations" DB=${DB:-gd_audit} bash target/audit/run_all.sh
+MIGRATIONS="$PWD/gen_durable/migrations" DB=${DB:-gd_audit} bash target/audit/run_all.sh

@@ -4,8 +4,8 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 
-/// The migrations in `migrations/`, embedded at compile time.
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+/// The migrations in `gen_durable/migrations/`, embedded at compile time.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Brings the schema up to date. Idempotent; safe when several processes run it at
 /// once (sqlx serializes them with an advisory lock held for the migration only).

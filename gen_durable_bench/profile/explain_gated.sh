@@ -13,7 +13,7 @@ db=gd_explain_gated
 base=${DATABASE_URL%/*}
 psql -X -q -d "$DATABASE_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 url="$base/$db"
-for m in migrations/*.sql; do
+for m in gen_durable/migrations/*.sql; do
   psql -X -q -v ON_ERROR_STOP=1 -d "$url" -f "$m" > /dev/null
 done
 prep=$(mktemp)

@@ -25,9 +25,12 @@ async fn migrate_twice_and_from_two_tasks_at_once() {
         .fetch_one(&a)
         .await
         .unwrap();
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations"))
-        .unwrap()
-        .count() as i64;
+    let files = std::fs::read_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gen_durable/migrations"
+    ))
+    .unwrap()
+    .count() as i64;
     assert_eq!(applied, files);
     db.close().await;
     fresh.close().await;

@@ -22,19 +22,19 @@
 //!             │
 //!  listener ──┤ wakes the queue's picker; polling backs it up       engine/listener.rs
 //!             ▼
-//!  picker: claim (FOR NO KEY UPDATE SKIP LOCKED, lease + epoch)     engine/picker.rs, store/pg/claim.rs
-//!        → local buffer → a free slot
+//!  picker: claim (FOR NO KEY UPDATE SKIP LOCKED, lease + epoch)     engine/picker.rs, store/pg/claim/
+//!        → local buffer → a free slot                               sql/claim.sql
 //!             ▼
 //!  executor: run the step outside any transaction                   engine/executor.rs, runtime.rs, ctx.rs
 //!        (run-ahead: go on with the next `next` under the claim)
 //!             ▼
 //!  committer: group commit, fenced by (locked_by, lease_epoch)      engine/committer/{batching,group,own}.rs
 //!        or the step's own transaction; one statement:              store/pg/outcome.rs,
-//!        gd_commit_outcomes                                         migrations/0004, 0005
+//!        gd_commit_outcomes                                         sql/commit.sql
 //!             │
 //!             ├─ schedule_children: fence, insert the children,       store/pg/outcome.rs (spawn_children),
 //!             │  then the commit, in one transaction                store/pg/insert.rs
-//!             └─ a child's end counts its parent down (fan-in)      gd_fan_in (migration 0005)
+//!             └─ a child's end counts its parent down (fan-in)      gd_fan_in (sql/commit.sql)
 //! ```
 //!
 //! Beside the path, each background service is a unit with its own validated config, a

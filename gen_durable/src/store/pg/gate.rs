@@ -1,5 +1,5 @@
-//! Concurrency gates (`gd_gates`, migration 0011): declaring them and reading their use.
-//! The claim (`claim::CLAIM`) enforces them.
+//! Concurrency gates (`gd_gates` in `gen_durable/sql/schema.sql`): declaring them and
+//! reading their use. The claim (`claim::CLAIM`) enforces them.
 
 use sqlx::PgExecutor;
 

@@ -1,7 +1,7 @@
 //! The hand-off of a gate key's slots: in the transaction of a group commit that ended
 //! gated rows, each slot they held is claimed at once for the next runnable row of the
-//! same queue, gate and key (migration 0019, whose header explains why it is safe without
-//! the gate's lock). The rows come back as a claim's do, for the committing node's pickers.
+//! same queue, gate and key (`gd_handoff` in `gen_durable/sql/handoff.sql`, whose comments
+//! explain why it is safe without the gate's lock). The rows come back as a claim's do, for the committing node's pickers.
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;

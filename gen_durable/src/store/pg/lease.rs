@@ -54,7 +54,7 @@ pub(crate) async fn heartbeat<'e>(
 
 /// Returns expired executing rows to `runnable` with `attempt + 1` (the lost worker's
 /// step will run again; `handle` is not called), or fails them once `reaps` reaches
-/// `max_reaps`: the function `gd_reap` of migrations 0005 and 0029. A lease that ran out
+/// `max_reaps`: the function `gd_reap` of `gen_durable/sql/lease.sql`. A lease that ran out
 /// while the database was down (its row claimed before the server's start, and expired
 /// before the start plus `$3`, the lease TTL) is not counted toward `max_reaps`. Bounded and `SKIP LOCKED`, so any number of
 /// nodes may reap at once and none waits behind a caller. A row failed here is terminal
@@ -121,7 +121,7 @@ pub(crate) async fn expired<'e>(
 /// Gives rows back to `runnable` without counting an attempt: a draining worker's
 /// buffer, or steps cancelled at the drain deadline. Fenced like an outcome; a row whose
 /// instance was cancelled meanwhile fails instead, as its commit would have. The function
-/// `gd_release` of migration 0005: a row it cannot lock at once is left to its lease.
+/// `gd_release` of `gen_durable/sql/lease.sql`: a row it cannot lock at once is left to its lease.
 pub(super) const RELEASE: &str =
     "/* gd:release */ SELECT id FROM gd_release($1, $2, $3, $4) AS r(id)";
 

@@ -1,10 +1,10 @@
 //! Every SQL statement of gen_durable, one named statement per operation, each with
 //! a comment on why it is shaped that way. Nothing outside this module writes SQL, but
-//! the schema's migrations — among them the functions of migration 0005: the group
-//! commit `gd_commit_outcomes`, the reaper `gd_reap`, the release `gd_release` (functions
-//! so that their statements run in one round trip, each with a fresh snapshot) and the
-//! fan-in `gd_fan_in`, the one writer of a parent's `children_pending` after its children
-//! are inserted.
+//! the schema and its `gd_*` functions, as they are now in `gen_durable/sql/` — among them
+//! the group commit `gd_commit_outcomes`, the reaper `gd_reap`, the release `gd_release`
+//! (functions so that their statements run in one round trip, each with a fresh snapshot)
+//! and the fan-in `gd_fan_in`, the one writer of a parent's `children_pending` after its
+//! children are inserted.
 //!
 //! Locking: service statements (claim, commit, heartbeat, reap, release, sweep, collector)
 //! take row locks with `SKIP LOCKED` and never wait for one, so a caller's open transaction
@@ -141,7 +141,7 @@ mod tests {
         ("admin.rs", include_str!("admin.rs")),
         ("dashboard.rs", include_str!("dashboard.rs")),
         ("bulk.rs", include_str!("bulk.rs")),
-        ("claim.rs", include_str!("claim.rs")),
+        ("claim/statement.rs", include_str!("claim/statement.rs")),
         ("control.rs", include_str!("control.rs")),
         ("counts.rs", include_str!("counts.rs")),
         ("explain.rs", include_str!("explain.rs")),

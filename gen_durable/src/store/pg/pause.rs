@@ -1,5 +1,5 @@
-//! Queues paused cluster-wide by an operator (`gd_queue_pauses`, migration 0009). The
-//! pick (`claim::CLAIM`) skips a paused queue; these statements pause, resume and list.
+//! Queues paused cluster-wide by an operator (`gd_queue_pauses` in `gen_durable/sql/schema.sql`).
+//! The pick (`claim::CLAIM`) skips a paused queue; these statements pause, resume and list.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;

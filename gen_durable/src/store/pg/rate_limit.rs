@@ -1,5 +1,5 @@
-//! Rate limits (`gd_rate_limits`, `gd_buckets`, migration 0012): declaring them and
-//! reading their buckets. The claim (`claim::CLAIM`) admits rows against them.
+//! Rate limits (`gd_rate_limits`, `gd_buckets` in `gen_durable/sql/schema.sql`): declaring
+//! them and reading their buckets. The claim (`claim::CLAIM`) admits rows against them.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
