@@ -26,7 +26,7 @@ use crate::Status;
 
 /// How one number was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Figure {
+pub enum Figure {
     /// Counted, every row.
     Exact(i64),
     /// Counting stopped at the cap: at least this many.
@@ -37,7 +37,7 @@ pub(crate) enum Figure {
 
 impl Figure {
     /// The number to export or compare: the count, the lower bound or the estimate.
-    pub(crate) fn value(self) -> i64 {
+    pub fn value(self) -> i64 {
         match self {
             Figure::Exact(n) | Figure::AtLeast(n) | Figure::About(n) => n,
         }
@@ -83,37 +83,38 @@ fn grouped(n: i64) -> String {
 
 /// One queue's figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct QueueCounts {
-    pub(crate) queue: String,
+pub struct QueueCounts {
+    /// The queue.
+    pub queue: String,
     /// Every status of [`Status::ALL`].
-    pub(crate) by_status: BTreeMap<Status, Figure>,
+    pub by_status: BTreeMap<Status, Figure>,
     /// Runnable rows due now.
-    pub(crate) ready: Figure,
+    pub ready: Figure,
     /// The oldest due runnable row's `eligible_at` (exact: the first entry of the index).
-    pub(crate) oldest_ready: Option<DateTime<Utc>>,
+    pub oldest_ready: Option<DateTime<Utc>>,
 }
 
 /// Every queue's figures, and how the sampled ones were obtained.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Counts {
+pub struct Counts {
     /// By queue name.
-    pub(crate) queues: Vec<QueueCounts>,
+    pub queues: Vec<QueueCounts>,
     /// The share of the table's pages the sample read, in percent (100: every row, the
     /// sampled figures are exact).
-    pub(crate) sample_percent: f64,
+    pub sample_percent: f64,
     /// The table's size in pages.
-    pub(crate) pages: i64,
+    pub pages: i64,
     /// Where exact counting stops.
-    pub(crate) cap: i64,
+    pub cap: i64,
     /// The clock the figures are relative to (due rows, lag): the database's unless given.
-    pub(crate) now: DateTime<Utc>,
+    pub now: DateTime<Utc>,
 }
 
 /// Reads the figures of every queue that has rows in the pick index, the lease index or
 /// the sample, and of each queue of `also` (nodes' queues, paused ones), as of `now` (the
 /// database's clock when `None`). `cap` bounds each exact count: the statements read at
 /// most `cap` index entries per lane, `cap` executing rows and the sample.
-pub(crate) async fn queue_counts(
+pub async fn queue_counts(
     pool: &PgPool,
     now: Option<DateTime<Utc>>,
     cap: i64,

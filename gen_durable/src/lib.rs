@@ -104,16 +104,12 @@ mod transition;
 mod validate;
 mod wait;
 
-// The operator CLI behind the `gen_durable` binary; not part of the library API.
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod cli;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 
-// The web dashboard: `gen_durable dashboard`, or `dashboard::router(pool)` in your app.
-#[cfg(feature = "dashboard")]
-pub mod dashboard;
+// Not part of the stable API: the door for gen_durable_ops and gen_durable_testkit.
+#[doc(hidden)]
+pub mod backend;
 
 #[doc(hidden)]
 pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};

@@ -223,11 +223,7 @@ async fn migrate_instances_from_the_stock_binary_says_where_to_run_it() {
         "{}",
         r.stderr
     );
-    assert!(
-        r.stderr.contains("gen_durable::cli::main()"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("gen_durable_ops::main()"), "{}", r.stderr);
     let version: i32 = sqlx::query_scalar("SELECT fsm_version FROM gd_instances")
         .fetch_one(db.pool())
         .await

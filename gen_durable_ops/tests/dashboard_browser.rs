@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
 use fantoccini::{Client, ClientBuilder, Locator};
-use gen_durable::dashboard::{router_with, DashboardConfig};
+use gen_durable_ops::dashboard::{router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::json;

@@ -9,7 +9,7 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use dashboard_support::http::{csrf_of, get, post, send};
 use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
-use gen_durable::dashboard::{router, router_with, DashboardConfig};
+use gen_durable_ops::dashboard::{router, router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
 use tower::ServiceExt;
 

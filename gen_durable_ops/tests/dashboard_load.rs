@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use gen_durable::dashboard::{plans, router};
+use gen_durable_ops::dashboard::{plans, router};
 use gen_durable_testkit::TestDb;
 use tower::ServiceExt;
 

@@ -13,10 +13,10 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use dashboard_support::http::{csrf_of, post, send};
 use dashboard_support::{fingerprint, seed, status_of, TOKEN};
-use gen_durable::dashboard::{
+use gen_durable::Clock;
+use gen_durable_ops::dashboard::{
     router_with, DashboardConfig, DashboardConfigError, MIN_OPERATOR_TOKEN_LEN,
 };
-use gen_durable::Clock;
 use gen_durable_testkit::TestDb;
 
 fn operator() -> DashboardConfig {

@@ -231,7 +231,7 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
     let reader_pool = d.pool("reader").await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = gen_durable::dashboard::router(reader_pool.clone());
+    let app = gen_durable_ops::dashboard::router(reader_pool.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     for path in [
         "/".to_string(),

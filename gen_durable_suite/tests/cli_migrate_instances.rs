@@ -1,5 +1,5 @@
 //! `migrate-instances` through the CLI built into a user's binary (`gd_cli_upgrade`, whose
-//! `main` calls `gen_durable::cli::main()` and links a v1 → v2 migration): a dry run
+//! `main` calls `gen_durable_ops::main()` and links a v1 → v2 migration): a dry run
 //! reports per outcome and writes nothing, the real run moves the rows and leaves the one
 //! whose transform fails on v1 with its `last_error`.
 

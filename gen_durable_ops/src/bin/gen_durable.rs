@@ -1,5 +1,5 @@
 //! `gen_durable`, the operator CLI: `gen_durable --help` lists the commands.
 
 fn main() -> std::process::ExitCode {
-    gen_durable::cli::main()
+    gen_durable_ops::main()
 }

@@ -8,12 +8,13 @@ use sqlx::PgPool;
 use super::args::format_age;
 use super::error::Kind;
 use super::{CliError, Output};
-use crate::store::pg::{admin, millis};
-use crate::{Client, Target};
+use crate::store::admin;
+use gen_durable::backend::millis;
+use gen_durable::{Client, Target};
 
 pub(crate) async fn migrate(pool: &PgPool) -> Result<Output, CliError> {
     let before = applied(pool).await?;
-    crate::migrate(pool).await?;
+    gen_durable::migrate(pool).await?;
     let after = applied(pool).await?;
     let new: Vec<&(i64, String)> = after.iter().filter(|m| !before.contains(m)).collect();
     let text = if new.is_empty() {

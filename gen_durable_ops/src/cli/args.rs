@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::Status;
+use gen_durable::Status;
 
 /// Operate a gen_durable database: migrate it, see what its queues are doing, look
 /// into one instance, and act on it.
@@ -112,7 +112,7 @@ pub(crate) enum Command {
     },
     /// Move the live, not executing instances of an FSM to a later version with the
     /// instance migrations linked into this binary (run it from your own binary that calls
-    /// `gen_durable::cli::main()`), in small batches that never block the engine.
+    /// `gen_durable_ops::main()`), in small batches that never block the engine.
     MigrateInstances {
         /// The FSM's stored name.
         #[arg(long)]
@@ -127,10 +127,9 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 500)]
         batch: usize,
     },
-    /// Serve the web dashboard (needs the `dashboard` feature): read-only, or able to
-    /// cancel, retry and signal for an operator who signs in with the token read from
-    /// the environment variable named by --auth-token-env.
-    #[cfg(feature = "dashboard")]
+    /// Serve the web dashboard: read-only, or able to cancel, retry and signal for an
+    /// operator who signs in with the token read from the environment variable named by
+    /// --auth-token-env.
     Dashboard {
         /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1:4000")]
@@ -183,15 +182,15 @@ pub(crate) struct FilterArgs {
 
 impl FilterArgs {
     /// The library's filter.
-    pub(crate) fn filter(&self) -> crate::Filter {
-        crate::Filter {
+    pub(crate) fn filter(&self) -> gen_durable::Filter {
+        gen_durable::Filter {
             queue: self.queue.clone(),
             fsm: self.fsm.clone(),
             version: self.version,
             statuses: self.statuses.clone(),
             older_than: self.older_than,
             key_prefix: self.key_prefix.clone(),
-            ..crate::Filter::default()
+            ..gen_durable::Filter::default()
         }
     }
 }

@@ -55,7 +55,7 @@ pub(crate) async fn run(
     eprintln!("gen_durable dashboard on http://{addr}/ ({mode}); Ctrl-C stops it");
     // `/metrics` here has the queue gauges (no engine runs in this process: its step
     // metrics are the engine process's to serve).
-    let config = match crate::metrics::install_prometheus() {
+    let config = match gen_durable::metrics::install_prometheus() {
         Ok(handle) => config.with_metrics(handle),
         Err(_) => config,
     };

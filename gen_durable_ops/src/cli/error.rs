@@ -4,7 +4,7 @@
 use std::fmt;
 use std::process::ExitCode;
 
-use crate::error::Error;
+use gen_durable::Error;
 
 /// The kinds of failure, each with its own exit code (documented in `--help` and the
 /// README). Clap's own usage errors exit with 2 too.
@@ -135,7 +135,7 @@ impl From<Error> for CliError {
             Error::UnknownSteps { .. } => CliError::new(Kind::Usage, message).hint(
                 "a node announces the steps of the FSM versions it runs: start one that runs \
                  this version, or run `restart` from your own binary (whose `main` calls \
-                 `gen_durable::cli::main()`) that registers it",
+                 `gen_durable_ops::main()`) that registers it",
             ),
             Error::ParentMovedOn { .. } => CliError::new(Kind::Conflict, message),
             Error::Database(sqlx::Error::Database(ref db))

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use sqlx::PgPool;
 
 use super::{CliError, Output};
-use crate::{Client, Target};
+use gen_durable::{Client, Target};
 
 pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliError> {
     let why = Client::new(pool.clone()).explain(target).await?;
@@ -14,6 +14,6 @@ pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliErro
     for line in why.evidence() {
         let _ = writeln!(text, "  {line}");
     }
-    let json = serde_json::to_value(&why).map_err(crate::Error::from)?;
+    let json = serde_json::to_value(&why).map_err(gen_durable::Error::from)?;
     Ok(Output { json, text })
 }

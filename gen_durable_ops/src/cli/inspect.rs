@@ -7,8 +7,8 @@ use sqlx::PgPool;
 
 use super::table::{self, Table};
 use super::{CliError, Output};
-use crate::store::pg::admin;
-use crate::{Error, Target};
+use crate::store::admin;
+use gen_durable::{Error, Target};
 
 /// The row's columns in the order an operator reads them; any column not listed (a
 /// newer migration's) is printed after these, so nothing stored is hidden.
@@ -52,7 +52,7 @@ const TIME_FIELDS: &[&str] = &[
 pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliError> {
     let id = match target {
         Target::Id(id) => id,
-        Target::Key(key) => crate::store::pg::wait::id_by_key(pool, &key)
+        Target::Key(key) => gen_durable::backend::wait::id_by_key(pool, &key)
             .await?
             .ok_or(Error::KeyNotFound { key })?,
     };

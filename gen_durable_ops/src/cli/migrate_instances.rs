@@ -1,14 +1,14 @@
 //! `gen_durable migrate-instances --fsm F --to N [--dry-run]`: bulk instance migration
 //! with the migrations linked into this binary. The stock `gen_durable` binary links none
 //! (they are the user's Rust code): run the command from a binary of your own whose
-//! `main` calls `gen_durable::cli::main()`.
+//! `main` calls `gen_durable_ops::main()`.
 
 use serde_json::json;
 use sqlx::PgPool;
 
 use super::error::Kind;
 use super::{CliError, Output};
-use crate::{Client, Error, MigrateOptions};
+use gen_durable::{Client, Error, MigrateOptions};
 
 pub(crate) async fn run(
     pool: &PgPool,
@@ -28,7 +28,7 @@ pub(crate) async fn run(
         .map_err(|e| match e {
             Error::NoMigration { .. } => CliError::new(Kind::Usage, e.to_string()).hint(
                 "instance migrations are Rust code: run migrate-instances from a binary of \
-                 your own that links them (its main calls gen_durable::cli::main())",
+                 your own that links them (its main calls gen_durable_ops::main())",
             ),
             e => e.into(),
         })?;

@@ -1,6 +1,6 @@
-//! The operator CLI, `gen_durable`. The binary in `src/bin/gen_durable.rs`
-//! only calls [`main`]; the commands live here, inside the library, because they read
-//! the store's statements (`store/pg/admin.rs`), which are not public.
+//! The operator CLI, `gen_durable`. The binary in `src/bin/gen_durable.rs`, like a user's
+//! own binary, only calls [`crate::main`]; the commands live here, their statements in
+//! `crate::store`.
 //!
 //! Every command prints a human-readable report on stdout, or one JSON document with
 //! `--json`. Errors go to stderr with a hint on what to do, and exit with a code per
@@ -9,7 +9,6 @@
 mod actions;
 mod args;
 mod connect;
-#[cfg(feature = "dashboard")]
 mod dashboard;
 mod error;
 mod explain;
@@ -46,7 +45,7 @@ pub(crate) struct Output {
 }
 
 /// Runs the CLI on the process's arguments and environment, and returns its exit code.
-pub fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version land here too, with exit code 0; usage errors with 2.
@@ -93,10 +92,10 @@ pub fn main() -> ExitCode {
 }
 
 /// The instance an `ID` or `--key K` argument names (clap requires one of them).
-fn target(id: Option<i64>, key: Option<String>) -> crate::Target {
+fn target(id: Option<i64>, key: Option<String>) -> gen_durable::Target {
     match (id, key) {
-        (_, Some(key)) => crate::Target::Key(key),
-        (Some(id), None) => crate::Target::Id(id),
+        (_, Some(key)) => gen_durable::Target::Key(key),
+        (Some(id), None) => gen_durable::Target::Id(id),
         (None, None) => unreachable!("clap requires an id or --key"),
     }
 }
@@ -107,7 +106,6 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Signal { args, key, .. } => Some(actions::signal_args(args, key.as_deref())?),
         _ => None,
     };
-    #[cfg(feature = "dashboard")]
     let dashboard_config = match &cli.command {
         Command::Dashboard {
             auth_token_env,
@@ -120,7 +118,6 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         _ => None,
     };
     let pool = match &cli.command {
-        #[cfg(feature = "dashboard")]
         Command::Dashboard { .. } => {
             connect::connect_with(cli.database_url.as_deref(), dashboard::POOL_SIZE).await?
         }
@@ -149,7 +146,6 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Restart { id, step } => operator::restart(&pool, id, &step).await,
         Command::Pause { queue, reason } => operator::pause(&pool, &queue, reason.as_deref()).await,
         Command::Resume { queue } => operator::resume(&pool, &queue).await,
-        #[cfg(feature = "dashboard")]
         Command::Dashboard { listen, .. } => {
             let config = dashboard_config.expect("read above");
             dashboard::run(&pool, listen, config).await

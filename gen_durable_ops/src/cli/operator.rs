@@ -5,7 +5,7 @@ use sqlx::PgPool;
 
 use super::args::format_age;
 use super::{CliError, Output};
-use crate::{BulkReport, Client, Filter};
+use gen_durable::{BulkReport, Client, Filter};
 
 pub(crate) async fn pause(
     pool: &PgPool,

@@ -8,8 +8,9 @@ use sqlx::PgPool;
 
 use super::table::{self, Table};
 use super::{CliError, Output};
-use crate::store::pg::{admin, gate, pause, rate_limit};
-use crate::Status;
+use crate::store::admin;
+use gen_durable::backend::{gate, pause, rate_limit};
+use gen_durable::Status;
 
 #[derive(Debug, Default)]
 struct QueueLine {

@@ -19,7 +19,7 @@ use super::auth::authorize;
 use super::error::DashboardError;
 use super::operator;
 use super::AppState;
-use crate::Client;
+use gen_durable::Client;
 
 /// Every action route. On a read-only dashboard each one is [`refuse`], which reads
 /// no body and runs nothing.
@@ -89,10 +89,10 @@ pub(crate) fn redirect(to: &str) -> Response {
 
 /// The engine's answer to an action: its refusals (unknown or finished instance, a bad
 /// signal) are the operator's to read, not server failures.
-pub(crate) fn refused(e: crate::Error) -> DashboardError {
+pub(crate) fn refused(e: gen_durable::Error) -> DashboardError {
     match e {
-        crate::Error::NotFound { id } => DashboardError::NotFound(id),
-        crate::Error::Database(_) => DashboardError::Database(e),
+        gen_durable::Error::NotFound { id } => DashboardError::NotFound(id),
+        gen_durable::Error::Database(_) => DashboardError::Database(e),
         other => DashboardError::Refused(other),
     }
 }

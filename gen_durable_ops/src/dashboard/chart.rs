@@ -3,7 +3,7 @@
 use chrono::{DateTime, Duration, Utc};
 use maud::{html, Markup};
 
-use crate::store::pg::dashboard::MinuteRow;
+use crate::store::dashboard::MinuteRow;
 
 /// Minutes the chart shows, the current one included.
 pub(crate) const MINUTES: i64 = 30;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::Clock;
+use gen_durable::Clock;
 
 /// "Now" as the dashboard counts it.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::Clock;
+use gen_durable::Clock;
 
 /// The shortest operator token accepted, in bytes: 32 bytes of `openssl rand -hex 32`
 /// carry 128 bits, out of reach of guessing even without the wrong-token limit.
@@ -37,9 +37,9 @@ pub enum DashboardConfigError {
 /// How a dashboard is served: read-only unless it has an operator token.
 ///
 /// ```
-/// # fn build() -> Result<(), gen_durable::dashboard::DashboardConfigError> {
+/// # fn build() -> Result<(), gen_durable_ops::dashboard::DashboardConfigError> {
 /// use std::time::Duration;
-/// use gen_durable::dashboard::DashboardConfig;
+/// use gen_durable_ops::dashboard::DashboardConfig;
 /// let token = "0123456789abcdef0123456789abcdef"; // openssl rand -hex 32, in real life
 /// let config = DashboardConfig::new()
 ///     .with_operator_token(token)?
@@ -52,7 +52,7 @@ pub enum DashboardConfigError {
 #[derive(Clone)]
 pub struct DashboardConfig {
     pub(crate) operator_token: Option<String>,
-    pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
+    pub(crate) metrics: Option<gen_durable::metrics::PrometheusHandle>,
     pub(crate) session_ttl: Duration,
     pub(crate) secure_cookies: bool,
     pub(crate) clock: Clock,
@@ -122,9 +122,9 @@ impl DashboardConfig {
         self
     }
 
-    /// Serves `/metrics` from `handle` (see [`crate::metrics::install_prometheus`]): the
+    /// Serves `/metrics` from `handle` (see [`gen_durable::metrics::install_prometheus`]): the
     /// engine metrics this process records, and the queue gauges read at each scrape.
-    pub fn with_metrics(mut self, handle: crate::metrics::PrometheusHandle) -> Self {
+    pub fn with_metrics(mut self, handle: gen_durable::metrics::PrometheusHandle) -> Self {
         self.metrics = Some(handle);
         self
     }

@@ -37,17 +37,17 @@ pub enum DashboardError {
     BadRequest(String),
     /// The engine refused the action (a finished instance, a bad signal…) (409).
     #[error("{0}")]
-    Refused(crate::Error),
+    Refused(gen_durable::Error),
     /// The database failed (500).
     #[error("database error: {0}")]
-    Database(crate::Error),
+    Database(gen_durable::Error),
     /// The operating system gave no random bytes for a CSRF token or a session id (500).
     #[error("no randomness available for a CSRF token or a session id")]
     NoRandomness,
 }
 
-impl From<crate::Error> for DashboardError {
-    fn from(e: crate::Error) -> Self {
+impl From<gen_durable::Error> for DashboardError {
+    fn from(e: gen_durable::Error) -> Self {
         DashboardError::Database(e)
     }
 }

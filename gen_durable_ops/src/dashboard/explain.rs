@@ -1,9 +1,9 @@
 //! The instance page's "explain" line: why an instance is where it is
-//! ([`crate::Client::explain`]'s `Display`).
+//! ([`gen_durable::Client::explain`]'s `Display`).
 
 use sqlx::PgPool;
 
-use crate::Client;
+use gen_durable::Client;
 
 /// One line saying why instance `id` is where it is, or `None` when it cannot be read
 /// (the row went away meanwhile, or the database failed: the page shows the rest).

@@ -18,8 +18,9 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::Page;
 use super::AppState;
-use crate::counts::Figure;
-use crate::store::pg::{admin, counts, dashboard};
+use crate::store::{admin, dashboard};
+use gen_durable::backend::counts;
+use gen_durable::backend::counts::Figure;
 
 /// One (FSM, version) line.
 #[derive(Debug)]

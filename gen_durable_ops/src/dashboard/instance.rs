@@ -18,8 +18,8 @@ use super::explain::explain_line;
 use super::layout::{self, Page};
 use super::AppState;
 use crate::cli::table;
-use crate::store::pg::admin;
-use crate::store::pg::dashboard::{self, TreeRow};
+use crate::store::admin;
+use crate::store::dashboard::{self, TreeRow};
 
 /// How deep the children tree goes (children are level 1).
 pub(crate) const TREE_DEPTH: i32 = 4;

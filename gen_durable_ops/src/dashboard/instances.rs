@@ -14,8 +14,8 @@ use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::overview::urlencode;
 use super::AppState;
-use crate::store::pg::dashboard::{self, ListFilter};
-use crate::Status;
+use crate::store::dashboard::{self, ListFilter};
+use gen_durable::Status;
 
 /// Rows per page.
 pub(crate) const PAGE_SIZE: i64 = 50;

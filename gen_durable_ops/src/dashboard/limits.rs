@@ -19,10 +19,10 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::AppState;
-use crate::counts::Figure;
-use crate::store::pg::gate::CappedUsageRow;
-use crate::store::pg::rate_limit::CappedBucketRow;
-use crate::store::pg::{admin, gate, rate_limit};
+use crate::store::limits::CappedBucketRow;
+use crate::store::limits::CappedUsageRow;
+use crate::store::{admin, limits};
+use gen_durable::backend::counts::Figure;
 
 /// The most executing gated rows the page reads (the gate index, in (gate, key) order):
 /// the overview's cap of executing rows.
@@ -63,8 +63,8 @@ pub(crate) async fn page(
     // One clock for the page: the database's (the tokens are refilled to it).
     let now = admin::db_now(pool, None).await?;
     let (usage, buckets) = tokio::try_join!(
-        gate::usage_capped(pool, RUNNING_READ, RUNNABLE_READ),
-        rate_limit::buckets_capped(pool, Some(now), BUCKETS_READ),
+        limits::usage_capped(pool, RUNNING_READ, RUNNABLE_READ),
+        limits::buckets_capped(pool, Some(now), BUCKETS_READ),
     )?;
     let gates = group_gates(&usage);
     let limits = group_limits(&buckets);

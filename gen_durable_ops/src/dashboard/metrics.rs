@@ -1,7 +1,7 @@
 //! `/metrics`: the Prometheus text exposition, when the dashboard was given a
-//! [`crate::metrics::PrometheusHandle`] ([`super::DashboardConfig::with_metrics`]; the
+//! [`gen_durable::metrics::PrometheusHandle`] ([`super::DashboardConfig::with_metrics`]; the
 //! `gen_durable dashboard` command installs one). Each scrape first reads the queue
-//! gauges from the database ([`crate::metrics::observe_queues`]). Read-only: it needs no
+//! gauges from the database ([`gen_durable::metrics::observe_queues`]). Read-only: it needs no
 //! token. Without a handle the route answers 404.
 
 use axum::extract::State;
@@ -18,7 +18,7 @@ pub(crate) async fn scrape(State(state): State<AppState>) -> Response {
         )
             .into_response();
     };
-    if let Err(e) = crate::metrics::observe_queues(&state.pool).await {
+    if let Err(e) = gen_durable::metrics::observe_queues(&state.pool).await {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("queue gauges: {e}"),

@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use gen_durable::dashboard::{router_with, DashboardConfig};
+//! use gen_durable_ops::dashboard::{router_with, DashboardConfig};
 //! // At least 32 bytes (`openssl rand -hex 32`): a shorter token is refused here.
 //! let token = std::env::var("GD_TOKEN")?;
 //! let app = router_with(pool, DashboardConfig::new().with_operator_token(token)?);
@@ -76,7 +76,7 @@ pub(crate) struct AppState {
     /// `None`: read-only.
     pub(crate) token: Option<Arc<str>>,
     /// `None`: no `/metrics`.
-    pub(crate) metrics: Option<crate::metrics::PrometheusHandle>,
+    pub(crate) metrics: Option<gen_durable::metrics::PrometheusHandle>,
     /// Wrong operator tokens by client address.
     pub(crate) throttle: Arc<throttle::Throttle>,
     /// Who is signed in, until when.
@@ -134,5 +134,5 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
 /// `dashboard_load`); runs each statement once.
 #[doc(hidden)]
 pub async fn plans(pool: &PgPool, id: i64) -> Result<Vec<(String, String)>, DashboardError> {
-    Ok(crate::store::pg::dashboard::plans(pool, id).await?)
+    Ok(crate::store::dashboard::plans(pool, id).await?)
 }

@@ -17,7 +17,7 @@ use super::error::DashboardError;
 use super::layout::Page;
 use super::overview::urlencode;
 use super::AppState;
-use crate::{Client, Filter, Status};
+use gen_durable::{Client, Filter, Status};
 
 /// The restart form.
 #[derive(Debug, Deserialize)]

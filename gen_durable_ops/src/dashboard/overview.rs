@@ -1,7 +1,7 @@
 //! `/`: every queue's counts by status and lag, the throughput of the last 30 minutes,
 //! paused queues, expired leases, the periodic schedules and the nodes. The schedules,
 //! the nodes and the expired leases are `status`'s own statements (`store::pg::admin`);
-//! the chart and the pauses are the dashboard's. The counts are `crate::counts`': exact
+//! the chart and the pauses are the dashboard's. The counts are `gen_durable::backend::counts`': exact
 //! where an index gives them cheaply (up to [`EXACT_CAP`]), estimated from a sample of
 //! the table where none does, each figure marked as what it is — unlike `gen_durable
 //! status`, which reads the whole table for exact counts, a page must stay fast at any
@@ -16,9 +16,9 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::{chart, AppState};
-use crate::counts::{self, Figure};
-use crate::store::pg::{admin, dashboard};
-use crate::Status;
+use crate::store::{admin, dashboard};
+use gen_durable::backend::counts::{self, Figure};
+use gen_durable::Status;
 
 /// Where the overview stops counting runnable, ready and executing rows exactly: past it a
 /// figure shows the sample's estimate, or "1,000+".

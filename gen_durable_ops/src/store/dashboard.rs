@@ -9,7 +9,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use gen_durable::Result;
 
 /// Done and failed rows per minute since `$1`, for the overview's chart. A range of the
 /// collector's index `gd_instances_finished (finished_at) WHERE status IN ('done',
@@ -255,7 +255,8 @@ pub(crate) async fn fsm_versions_sampled<'e>(
 /// `gate.rs`' and `rate_limit.rs`'. `sample` is the
 /// percentage the pages sample the table with (`counts::sample_percent`).
 fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec<Param>)> {
-    use super::{admin, counts};
+    use super::admin;
+    use gen_durable::backend::counts;
     let t = Param::Time;
     let cap = Param::Int(1_000);
     vec![
@@ -352,12 +353,12 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
         ),
         (
             "limits: gate keys in use (capped)",
-            super::gate::USAGE_CAPPED,
+            super::limits::USAGE_CAPPED,
             vec![cap, cap],
         ),
         (
             "limits: buckets (capped)",
-            super::rate_limit::BUCKETS_CAPPED,
+            super::limits::BUCKETS_CAPPED,
             vec![Param::NullTime, cap],
         ),
     ]
@@ -379,7 +380,8 @@ enum Param {
 /// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
 /// of the instance page: (name, plan). For docs/dashboard.md; runs each statement once.
 pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
-    let sample = super::counts::sample_percent(super::counts::table_pages(pool).await?);
+    use gen_durable::backend::counts;
+    let sample = counts::sample_percent(counts::table_pages(pool).await?);
     let mut out = Vec::new();
     for (name, sql, params) in page_statements(id, sample) {
         let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {sql}");

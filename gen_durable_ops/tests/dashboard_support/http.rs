@@ -7,15 +7,15 @@ use axum::Router;
 use tower::ServiceExt;
 
 /// What a request got back.
-pub struct Answer {
-    pub status: StatusCode,
-    pub body: String,
-    pub set_cookies: Vec<String>,
-    pub location: Option<String>,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: String,
+    pub(crate) set_cookies: Vec<String>,
+    pub(crate) location: Option<String>,
 }
 
 /// Sends `req` to `app` and reads the whole answer.
-pub async fn send(app: &Router, req: Request<Body>) -> Answer {
+pub(crate) async fn send(app: &Router, req: Request<Body>) -> Answer {
     let res = app.clone().oneshot(req).await.unwrap();
     let status = res.status();
     let set_cookies = res
@@ -40,12 +40,12 @@ pub async fn send(app: &Router, req: Request<Body>) -> Answer {
 }
 
 /// A GET of `path`, with no cookie.
-pub async fn get(app: &Router, path: &str) -> Answer {
+pub(crate) async fn get(app: &Router, path: &str) -> Answer {
     send(app, Request::get(path).body(Body::empty()).unwrap()).await
 }
 
 /// A form POST to `path` with `cookie` (a `Cookie` header value) if any.
-pub fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
+pub(crate) fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
     let mut b =
         Request::post(path).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
     if let Some(c) = cookie {
@@ -55,7 +55,7 @@ pub fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
 }
 
 /// The CSRF cookie a first page load hands out: its value.
-pub async fn csrf_of(app: &Router) -> String {
+pub(crate) async fn csrf_of(app: &Router) -> String {
     let a = get(app, "/").await;
     let c = a
         .set_cookies

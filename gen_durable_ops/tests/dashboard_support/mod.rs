@@ -4,39 +4,39 @@
 //! a refused action changed nothing.
 #![allow(dead_code)]
 
-pub mod http;
+pub(crate) mod http;
 
 use sqlx::PgPool;
 
 /// The ids of the seeded instances.
 #[derive(Debug, Clone, Copy)]
-pub struct Seeded {
-    pub runnable: i64,
-    pub executing: i64,
+pub(crate) struct Seeded {
+    pub(crate) runnable: i64,
+    pub(crate) executing: i64,
     /// Awaiting `payment_confirmed` (deadline in an hour), an unrelated signal in its inbox,
     /// correlation key `order:42`.
-    pub parked: i64,
-    pub failed: i64,
+    pub(crate) parked: i64,
+    pub(crate) failed: i64,
     /// Awaiting its children: `child_done` (done) and `child_mid` (itself awaiting its
     /// child `grandchild`, runnable).
-    pub parent: i64,
-    pub child_done: i64,
-    pub child_mid: i64,
-    pub grandchild: i64,
+    pub(crate) parent: i64,
+    pub(crate) child_done: i64,
+    pub(crate) child_mid: i64,
+    pub(crate) grandchild: i64,
     /// A runnable row of `Checkout@1`, which no live node registers.
-    pub old_version: i64,
+    pub(crate) old_version: i64,
 }
 
 /// The operator token the tests start an operator dashboard with.
 /// At least 32 bytes, as the dashboard requires.
-pub const TOKEN: &str = "test-operator-token-0123456789abcdef0123456789";
+pub(crate) const TOKEN: &str = "test-operator-token-0123456789abcdef0123456789";
 
 async fn insert(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// Seeds `pool` (a fresh `TestDb`).
-pub async fn seed(pool: &PgPool) -> Seeded {
+pub(crate) async fn seed(pool: &PgPool) -> Seeded {
     sqlx::query(
         "INSERT INTO gd_nodes (node_id, queues, fsms)
          VALUES ('node-a', '{checkout,fanout,mail}', '{Checkout@2,Fanout@1,Mail@1}')",
@@ -165,7 +165,7 @@ pub async fn seed(pool: &PgPool) -> Seeded {
 /// `carrier` (one token an hour, burst 5) whose bucket `eu` is 3 tokens below zero
 /// (reserved by waiting rows) and whose bucket `us` has 2; rate limit `sms` with no
 /// bucket.
-pub async fn seed_flow_control(pool: &PgPool) {
+pub(crate) async fn seed_flow_control(pool: &PgPool) {
     let gd = gen_durable::Client::new(pool.clone());
     gd.set_gate("stripe", gen_durable::Gate::new(2))
         .await
@@ -203,7 +203,7 @@ pub async fn seed_flow_control(pool: &PgPool) {
 }
 
 /// Every instance and signal as text, in id order: equal fingerprints, nothing changed.
-pub async fn fingerprint(pool: &PgPool) -> String {
+pub(crate) async fn fingerprint(pool: &PgPool) -> String {
     sqlx::query_scalar(
         "SELECT (SELECT string_agg(i::text, E'\\n' ORDER BY id) FROM gd_instances i)
                 || E'\\n--\\n' ||
@@ -215,7 +215,7 @@ pub async fn fingerprint(pool: &PgPool) -> String {
 }
 
 /// (status, last_error) of one instance.
-pub async fn status_of(pool: &PgPool, id: i64) -> (String, Option<String>) {
+pub(crate) async fn status_of(pool: &PgPool, id: i64) -> (String, Option<String>) {
     sqlx::query_as("SELECT status::text, last_error FROM gd_instances WHERE id = $1")
         .bind(id)
         .fetch_one(pool)

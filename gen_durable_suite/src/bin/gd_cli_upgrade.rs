@@ -1,5 +1,5 @@
 //! The operator CLI as a user builds it into their own binary: `main` calls
-//! `gen_durable::cli::main()`, and the FSMs and instance migrations linked here are the
+//! `gen_durable_ops::main()`, and the FSMs and instance migrations linked here are the
 //! ones `gen_durable migrate-instances` applies (the stock `gen_durable` binary links none).
 //! `gen_durable_suite/tests/cli_migrate_instances.rs` runs it.
 
@@ -86,5 +86,5 @@ impl Migration for Billing {
 }
 
 fn main() -> std::process::ExitCode {
-    gen_durable::cli::main()
+    gen_durable_ops::main()
 }

@@ -38,7 +38,7 @@ pub(crate) const SAMPLE_PAGES: i64 = 128;
 ///   row if it is not in the future).
 ///
 /// Its cost is the number of lanes times `$1` index entries at most, whatever the backlog.
-pub(super) const LANES: &str = r#"/* gd:admin */
+pub const LANES: &str = r#"/* gd:admin */
 WITH RECURSIVE lanes AS (
     (SELECT queue, priority FROM gd_instances
       WHERE status = 'runnable'
@@ -96,7 +96,7 @@ pub(crate) async fn lanes<'e>(
 /// `gd_instances_lease WHERE status = 'executing'` stopped by the `LIMIT` (the queue is
 /// read from each row). Executing rows are the ones nodes hold, so there are rarely many;
 /// when the cap is reached the per-queue counts are lower bounds.
-pub(super) const EXECUTING: &str = r#"/* gd:admin */
+pub const EXECUTING: &str = r#"/* gd:admin */
 SELECT queue, count(*) AS executing
   FROM (SELECT queue FROM gd_instances WHERE status = 'executing' LIMIT $1) x
  GROUP BY queue
@@ -116,17 +116,18 @@ pub(crate) async fn executing<'e>(db: impl PgExecutor<'e>, cap: i64) -> Result<V
 
 /// The table's size in pages, from the file's size (no row is read): what sets the
 /// sample's percentage ([`sample_percent`]).
-pub(super) const TABLE_PAGES: &str = r#"/* gd:admin */
+pub const TABLE_PAGES: &str = r#"/* gd:admin */
 SELECT (pg_relation_size('gd_instances') / current_setting('block_size')::int8)::int8
 "#;
 
-pub(crate) async fn table_pages<'e>(db: impl PgExecutor<'e>) -> Result<i64> {
+/// The table's size in pages ([`TABLE_PAGES`]).
+pub async fn table_pages<'e>(db: impl PgExecutor<'e>) -> Result<i64> {
     Ok(sqlx::query_scalar(TABLE_PAGES).fetch_one(db).await?)
 }
 
 /// The `TABLESAMPLE SYSTEM` percentage that reads about [`SAMPLE_PAGES`] of a table of
 /// `pages` pages: 100 (every page, exact counts) for a table that small.
-pub(crate) fn sample_percent(pages: i64) -> f64 {
+pub fn sample_percent(pages: i64) -> f64 {
     if pages <= SAMPLE_PAGES {
         100.0
     } else {
@@ -140,7 +141,7 @@ pub(crate) fn sample_percent(pages: i64) -> f64 {
 /// pages on every call while the table keeps its size, so a page refreshed twice shows
 /// the same estimate rather than noise. `ready` counts the sampled runnable rows due at
 /// `$2`.
-pub(super) const SAMPLE_BY_QUEUE: &str = r#"/* gd:admin */
+pub const SAMPLE_BY_QUEUE: &str = r#"/* gd:admin */
 SELECT queue, status::text AS status, count(*) AS rows,
        count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($2, now())) AS ready
   FROM gd_instances TABLESAMPLE SYSTEM ($1) REPEATABLE (0)

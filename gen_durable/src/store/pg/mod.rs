@@ -21,7 +21,7 @@
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
 //! kinds: `claim`, `handoff`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
 //! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
-//! `schedule`, `migrate`, `explain`, `dashboard`, `pause` here;
+//! `schedule`, `migrate`, `explain`, `pause` here (`dashboard` in `gen_durable_ops`);
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
 //! them (or a new kind added to that list) at the very start of its text.
 
@@ -31,8 +31,6 @@ pub(crate) mod claim;
 pub(crate) mod control;
 #[cfg(feature = "metrics")]
 pub(crate) mod counts;
-#[cfg(feature = "dashboard")]
-pub(crate) mod dashboard;
 pub(crate) mod explain;
 pub(crate) mod gate;
 pub(crate) mod handoff;
@@ -58,7 +56,7 @@ pub(crate) const CANCEL_CHANNEL: &str = "gd_cancel";
 pub(crate) const UNIQUE_VIOLATION: &str = "23505";
 
 /// Milliseconds of a duration, as SQL intervals are built from them.
-pub(crate) fn millis(d: std::time::Duration) -> i64 {
+pub fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -137,9 +135,8 @@ pub(crate) async fn until_waiting_on_a_lock(db: &sqlx::PgPool, pid: i32, what: &
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
-    const SOURCES: [(&str, &str); 17] = [
+    const SOURCES: [(&str, &str); 16] = [
         ("admin.rs", include_str!("admin.rs")),
-        ("dashboard.rs", include_str!("dashboard.rs")),
         ("bulk.rs", include_str!("bulk.rs")),
         ("claim/statement.rs", include_str!("claim/statement.rs")),
         ("control.rs", include_str!("control.rs")),

@@ -55,6 +55,6 @@ pub(crate) async fn resume<'e>(db: impl PgExecutor<'e>, queue: &str) -> Result<b
 }
 
 /// The paused queues, by name.
-pub(crate) async fn paused<'e>(db: impl PgExecutor<'e>) -> Result<Vec<QueuePause>> {
+pub async fn paused<'e>(db: impl PgExecutor<'e>) -> Result<Vec<QueuePause>> {
     Ok(sqlx::query_as(PAUSED).fetch_all(db).await?)
 }

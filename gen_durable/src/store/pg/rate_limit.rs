@@ -57,67 +57,12 @@ SELECT l.name, l.per_second, l.burst, b.key,
  ORDER BY l.name, b.key
 "#;
 
-pub(crate) async fn buckets<'e>(
+/// Every declared limit with its buckets ([`BUCKETS`]).
+pub async fn buckets<'e>(
     db: impl PgExecutor<'e>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<BucketUse>> {
     Ok(sqlx::query_as(BUCKETS).bind(now).fetch_all(db).await?)
-}
-
-/// [`BUCKETS`] with at most `$2` buckets in all, for the dashboard's `/limits`: a range of
-/// the primary key `gd_buckets (name, key)` in (limit, key) order, stopped by the `LIMIT`,
-/// joined to the limits. `gd_buckets` holds the keys in use (the collector deletes full
-/// ones), but a limit keyed by tenant can have many. When the range was cut, `cut` marks
-/// the limit of the last bucket read and the limits after it: they may have buckets not
-/// shown. A global cap rather than one per limit, for the reason `gate::USAGE_CAPPED`
-/// gives (the planner's guess of a small table's rows times a per-limit cap brought JIT
-/// compilation to every load).
-#[cfg(feature = "dashboard")]
-pub(super) const BUCKETS_CAPPED: &str = r#"/* gd:rate_limit */
-WITH b AS MATERIALIZED (
-    SELECT name, key, tokens, held, at FROM gd_buckets ORDER BY name, key LIMIT $2
-), cut AS (
-    SELECT name FROM b
-     WHERE (SELECT count(*) FROM b) >= $2
-     ORDER BY name DESC, key DESC
-     LIMIT 1
-)
-SELECT l.name, l.per_second, l.burst, b.key,
-       least(l.burst - b.held,
-             b.tokens + extract(epoch FROM coalesce($1, now()) - b.at) * l.per_second) AS tokens,
-       coalesce(l.name >= c.name, false) AS cut
-  FROM gd_rate_limits l
-  LEFT JOIN b ON b.name = l.name
-  LEFT JOIN cut c ON true
- ORDER BY l.name, b.key
-"#;
-
-/// One bucket as [`BUCKETS_CAPPED`] reads it (see [`BucketUse`]); `cut`: the limit may
-/// have buckets past the ones read.
-#[cfg(feature = "dashboard")]
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub(crate) struct CappedBucketRow {
-    pub(crate) name: String,
-    pub(crate) per_second: f64,
-    pub(crate) burst: f64,
-    pub(crate) key: Option<String>,
-    pub(crate) tokens: Option<f64>,
-    pub(crate) cut: bool,
-}
-
-/// Every declared limit with its buckets, at most `cap` buckets in all, in (limit, key)
-/// order (see [`BUCKETS_CAPPED`]).
-#[cfg(feature = "dashboard")]
-pub(crate) async fn buckets_capped<'e>(
-    db: impl PgExecutor<'e>,
-    now: Option<DateTime<Utc>>,
-    cap: i64,
-) -> Result<Vec<CappedBucketRow>> {
-    Ok(sqlx::query_as(BUCKETS_CAPPED)
-        .bind(now)
-        .bind(cap)
-        .fetch_all(db)
-        .await?)
 }
 
 /// Deletes up to `$1` buckets that are full again: nothing reserved (`held`, migration

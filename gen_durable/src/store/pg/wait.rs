@@ -31,7 +31,8 @@ pub(crate) async fn read<'e>(db: impl PgExecutor<'e>, id: i64) -> Result<Option<
     Ok(sqlx::query_as(READ).bind(id).fetch_optional(db).await?)
 }
 
-pub(crate) async fn id_by_key<'e>(db: impl PgExecutor<'e>, key: &str) -> Result<Option<i64>> {
+/// The id of the instance holding correlation key `key`, if any.
+pub async fn id_by_key<'e>(db: impl PgExecutor<'e>, key: &str) -> Result<Option<i64>> {
     Ok(sqlx::query_scalar(ID_BY_KEY)
         .bind(key)
         .fetch_one(db)

@@ -1,0 +1,46 @@
+//! Not part of the stable API: the door for `gen_durable_ops` and `gen_durable_testkit`;
+//! it may change in any release.
+//!
+//! What the operator tools (the `gen_durable` CLI, the dashboard) need of the library
+//! beyond its public API: reads that must share a caller's transaction or connection,
+//! the bounded counts behind the dashboard and the metrics, and the text of statements
+//! whose plans the dashboard reports. Depend on the public API instead.
+
+pub use crate::store::pg::millis;
+
+/// Node announcements, the clock of the database and the collector's delete.
+pub mod admin {
+    pub use crate::store::pg::admin::{
+        announce, db_now, forget, gc_batch, GC_BATCH, NODE_LIVE_WINDOW_MS,
+    };
+}
+
+/// Gate usage, on any executor (`Client::gates` reads it on the pool).
+pub mod gate {
+    pub use crate::store::pg::gate::{usage, UsageRow};
+}
+
+/// Rate-limit buckets, on any executor (`Client::rate_limits` reads them on the pool).
+pub mod rate_limit {
+    pub use crate::store::pg::rate_limit::buckets;
+}
+
+/// Paused queues, on any executor (`Client::paused_queues` reads them on the pool).
+pub mod pause {
+    pub use crate::store::pg::pause::paused;
+}
+
+/// An instance's id by its correlation key.
+pub mod wait {
+    pub use crate::store::pg::wait::id_by_key;
+}
+
+/// Rows per queue and status at a bounded cost (what `metrics::observe_queues` exports),
+/// and the statements behind them.
+#[cfg(feature = "metrics")]
+pub mod counts {
+    pub use crate::counts::{queue_counts, Counts, Figure, QueueCounts};
+    pub use crate::store::pg::counts::{
+        sample_percent, table_pages, EXECUTING, LANES, SAMPLE_BY_QUEUE, TABLE_PAGES,
+    };
+}
