@@ -3,7 +3,7 @@
 //! flow control: 12,000 gated rows, 1,000 buckets).
 //!
 //! ```sh
-//! cargo test -p gen_durable_suite --test dashboard_load -- --ignored --nocapture
+//! cargo test -p gen_durable_ops --test dashboard_load -- --ignored --nocapture
 //! ```
 
 use std::time::{Duration, Instant};

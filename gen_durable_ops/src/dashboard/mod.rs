@@ -1,6 +1,6 @@
-//! A web dashboard over a gen_durable database (feature `dashboard`): the overview of
-//! every queue, the instance list and pages, the FSM versions nodes run, and the flow
-//! control (concurrency gates and rate limits).
+//! A web dashboard over a gen_durable database: the overview of every queue, the
+//! instance list and pages, the FSM versions nodes run, and the flow control
+//! (concurrency gates and rate limits).
 //!
 //! Server-rendered HTML (no script to build; the throughput chart is inline SVG), every
 //! page a handful of indexed statements (docs/dashboard.md has their plans at 1M rows).
