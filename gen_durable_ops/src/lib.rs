@@ -1,6 +1,6 @@
 //! # gen_durable_ops
 //!
-//! The operator tools of [gen_durable](gen_durable): the `gen_durable` command line
+//! The operator tools of [`gen_durable`]: the `gen_durable` command line
 //! (`migrate`, `status`, `inspect`, `explain`, `signal`, `cancel`, `retry`, `restart`,
 //! `pause`, `resume`, `migrate-instances`, `gc`, `dashboard`) and the web [`dashboard`].
 //!

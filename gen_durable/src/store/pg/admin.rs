@@ -101,7 +101,7 @@ pub(crate) fn fsm_tag(name: &str, version: i32) -> String {
 
 /// Records that `node_id` is alive now, picks from `queues` and runs `fsms`
 /// (`(name, version)` pairs), whose step names are `steps` (a JSON object by
-/// [`fsm_tag`], see [`steps_by_tag`]). Call it at start and at least every 20 s (see
+/// `fsm_tag`, see `steps_by_tag`). Call it at start and at least every 20 s (see
 /// [`NODE_LIVE_WINDOW_MS`]).
 pub async fn announce<'e>(
     db: impl PgExecutor<'e>,

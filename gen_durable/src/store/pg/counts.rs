@@ -125,7 +125,7 @@ pub async fn table_pages<'e>(db: impl PgExecutor<'e>) -> Result<i64> {
     Ok(sqlx::query_scalar(TABLE_PAGES).fetch_one(db).await?)
 }
 
-/// The `TABLESAMPLE SYSTEM` percentage that reads about [`SAMPLE_PAGES`] of a table of
+/// The `TABLESAMPLE SYSTEM` percentage that reads about `SAMPLE_PAGES` of a table of
 /// `pages` pages: 100 (every page, exact counts) for a table that small.
 pub fn sample_percent(pages: i64) -> f64 {
     if pages <= SAMPLE_PAGES {

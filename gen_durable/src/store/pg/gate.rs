@@ -70,7 +70,7 @@ pub struct UsageRow {
     pub waiting: i64,
 }
 
-/// Every declared gate with its keys in use ([`USAGE`]).
+/// Every declared gate with its keys in use (`USAGE`).
 pub async fn usage<'e>(db: impl PgExecutor<'e>) -> Result<Vec<UsageRow>> {
     Ok(sqlx::query_as(USAGE).fetch_all(db).await?)
 }

@@ -57,7 +57,7 @@ SELECT l.name, l.per_second, l.burst, b.key,
  ORDER BY l.name, b.key
 "#;
 
-/// Every declared limit with its buckets ([`BUCKETS`]).
+/// Every declared limit with its buckets (`BUCKETS`).
 pub async fn buckets<'e>(
     db: impl PgExecutor<'e>,
     now: Option<DateTime<Utc>>,
