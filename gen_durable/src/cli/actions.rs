@@ -13,7 +13,7 @@ use crate::{Client, Target};
 
 pub(crate) async fn migrate(pool: &PgPool) -> Result<Output, CliError> {
     let before = applied(pool).await?;
-    crate::migrate(pool).await?;
+    crate::migrate_schema(pool).await?;
     let after = applied(pool).await?;
     let new: Vec<&(i64, String)> = after.iter().filter(|m| !before.contains(m)).collect();
     let text = if new.is_empty() {

@@ -55,27 +55,23 @@ impl RestartFound {
             RestartFound::Restarted => Ok(()),
             RestartFound::Executing => Err(Error::WrongStatus {
                 id,
-                status: Status::Executing.to_string(),
+                status: Status::Executing,
                 what: "a step of it is running: restart it once the step has ended (cancel it first to stop it)",
             }),
             RestartFound::LiveChildren(status) => Err(Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "it has live children, which a restart would leave uncounted: cancel it (which cancels them) and restart it once they have ended",
             }),
             RestartFound::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
                 id,
                 parent,
-                status: status.to_string(),
+                status,
             }),
             RestartFound::KeyTaken => Err(Error::Duplicate {
                 key: format!("(the unique key of instance {id})"),
             }),
-            RestartFound::VersionChanged { .. } => Err(Error::WrongStatus {
-                id,
-                status: "migrated".into(),
-                what: "an instance migration moved it to another FSM version while the step was checked: restart it again",
-            }),
+            RestartFound::VersionChanged { from, to } => Err(Error::VersionChanged { id, from, to }),
         }
     }
 }
