@@ -136,3 +136,31 @@ impl Client {
         found.answer(id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RestartFound;
+    use crate::{Error, Status};
+
+    /// Each refusal is a typed error: the status a restart found, or the versions an
+    /// instance migration moved the row between.
+    #[test]
+    fn a_refused_restart_answers_with_typed_values() {
+        assert!(matches!(
+            RestartFound::LiveChildren(Status::AwaitingChildren).answer(7),
+            Err(Error::WrongStatus {
+                id: 7,
+                status: Status::AwaitingChildren,
+                ..
+            })
+        ));
+        assert!(matches!(
+            RestartFound::VersionChanged { from: 1, to: 2 }.answer(7),
+            Err(Error::VersionChanged {
+                id: 7,
+                from: 1,
+                to: 2
+            })
+        ));
+    }
+}
