@@ -137,7 +137,7 @@ CREATE INDEX gd_instances_lease ON gd_instances (lease_expires_at)
 CREATE INDEX gd_instances_await_deadline ON gd_instances (await_deadline)
     WHERE status = 'awaiting_signal' AND await_deadline IS NOT NULL;
 
--- Children of a parent (fan-in, ctx.childs(), cancel cascade).
+-- Children of a parent (fan-in, ctx.children(), cancel cascade).
 CREATE INDEX gd_instances_parent ON gd_instances (parent_id) WHERE parent_id IS NOT NULL;
 
 -- Uniqueness: see `unique_guard`.

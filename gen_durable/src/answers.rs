@@ -53,10 +53,7 @@ impl CancelFound {
     pub fn answer(self, id: i64) -> Result<Cancelled> {
         match self {
             CancelFound::NotFound => Err(Error::NotFound { id }),
-            CancelFound::Finished(status) => Err(Error::Finished {
-                id,
-                status: status.to_string(),
-            }),
+            CancelFound::Finished(status) => Err(Error::Finished { id, status }),
             CancelFound::Cancelled { failed, flagged } => Ok(Cancelled {
                 failed,
                 after_current_step: flagged,
@@ -106,14 +103,12 @@ impl RetryFound {
             RetryFound::Retried => Ok(()),
             RetryFound::NotFailed(status) => Err(Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "only a failed instance can be retried",
             }),
-            RetryFound::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
-                id,
-                parent,
-                status: status.to_string(),
-            }),
+            RetryFound::ParentMovedOn { parent, status } => {
+                Err(Error::ParentMovedOn { id, parent, status })
+            }
             RetryFound::KeyTaken => Err(Error::Duplicate {
                 key: format!("(the unique key of instance {id})"),
             }),
@@ -139,10 +134,7 @@ impl DeliveryFound {
     /// The caller's answer for a signal to `target`.
     pub fn answer(self, target: &Target) -> Result<Delivery> {
         match (self.id, self.status) {
-            (Some(id), Some(status)) if status.is_terminal() => Err(Error::Finished {
-                id,
-                status: status.to_string(),
-            }),
+            (Some(id), Some(status)) if status.is_terminal() => Err(Error::Finished { id, status }),
             (Some(id), Some(_)) => Ok(Delivery {
                 id,
                 signal_id: self.signal_id,
@@ -184,7 +176,7 @@ mod tests {
         };
         let by_key = Target::Key("order:7".into());
         assert!(
-            matches!(found.answer(&by_key), Err(Error::Finished { id: 7, status }) if status == "done")
+            matches!(found.answer(&by_key), Err(Error::Finished { id: 7, status }) if status == Status::Done)
         );
         let nobody = DeliveryFound {
             id: None,

@@ -102,18 +102,8 @@ impl StepContext {
     pub fn inbox(&self) -> &[Signal] {
         &self.inbox
     }
-    /// The whole inbox; renamed [`StepContext::inbox`].
-    #[deprecated(since = "0.1.0", note = "renamed `inbox()`")]
-    pub fn all(&self) -> &[Signal] {
-        &self.inbox
-    }
     /// After `schedule_children`: every child with its status, state, result and error.
     pub fn children(&self) -> &[ChildInfo] {
-        &self.children
-    }
-    /// Every child; renamed [`StepContext::children`].
-    #[deprecated(since = "0.1.0", note = "renamed `children()`")]
-    pub fn childs(&self) -> &[ChildInfo] {
         &self.children
     }
     /// The database's time when the step was claimed (the virtual clock in the testkit).

@@ -2,6 +2,7 @@
 //! ([`crate::Step`]), never errors; this enum is for what went wrong around them.
 
 use crate::state::CastError;
+use crate::status::Status;
 
 /// Everything that can go wrong when inserting, signalling or running the engine.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +33,7 @@ pub enum Error {
         /// The instance.
         id: i64,
         /// Its terminal status.
-        status: String,
+        status: Status,
     },
     /// The instance is not in a status that allows the operation.
     #[error("instance {id} is {status}: {what}")]
@@ -40,7 +41,7 @@ pub enum Error {
         /// The instance.
         id: i64,
         /// Its current status.
-        status: String,
+        status: Status,
         /// What the operation needs.
         what: &'static str,
     },
@@ -53,7 +54,18 @@ pub enum Error {
         /// Its parent.
         parent: i64,
         /// The parent's status.
-        status: String,
+        status: Status,
+    },
+    /// An instance migration moved the instance to another FSM version while the operation
+    /// checked it; nothing was changed. Asking again acts on the new version.
+    #[error("instance {id} moved from FSM version {from} to {to} while it was checked; nothing was changed: try again")]
+    VersionChanged {
+        /// The instance.
+        id: i64,
+        /// The version it was checked against.
+        from: i32,
+        /// Its version now.
+        to: i32,
     },
     /// A value the database cannot store or index (a NUL character in JSON or text, a key
     /// over [`crate::MAX_KEY_BYTES`], a delay beyond [`crate::MAX_DELAY`], a uniqueness
@@ -156,8 +168,8 @@ pub enum Error {
         reason: String,
     },
     /// An insert or a transition named a gate that is not declared (no
-    /// `EngineBuilder::concurrency_limit` or `Client::set_gate` for it). Nothing was written.
-    #[error("unknown gate {name:?}: declare it with EngineBuilder::concurrency_limit or Client::set_gate; nothing was written")]
+    /// `EngineBuilder::gate` or `Client::set_gate` for it). Nothing was written.
+    #[error("unknown gate {name:?}: declare it with EngineBuilder::gate or Client::set_gate; nothing was written")]
     UnknownGate {
         /// The gate named.
         name: String,

@@ -221,12 +221,6 @@ impl<F: Fsm> Step<F> {
         Step::of(StepKind::ScheduleChildren { children, next })
     }
 
-    /// Renamed [`Step::schedule_children`].
-    #[deprecated(since = "0.1.0", note = "renamed `schedule_children`")]
-    pub fn schedule_childs(children: Vec<Child>, next: F) -> Self {
-        Self::schedule_children(children, next)
-    }
-
     /// Finish with `result`; the whole inbox is deleted.
     pub fn done(result: impl Into<Value>) -> Self {
         Step::of(StepKind::Done(result.into()))

@@ -1,6 +1,6 @@
 //! Concurrency gates: at most K steps of one key running at once, across every node.
 //!
-//! A gate is declared by name with its limit ([`crate::EngineBuilder::concurrency_limit`],
+//! A gate is declared by name with its limit ([`crate::EngineBuilder::gate`],
 //! [`crate::Client::set_gate`]) and stored in `gd_gates`; a row joins one of its keys with
 //! the insert option `gate((name, key))`. The name is always explicit: a key never joins
 //! a gate because of how it is spelled, and a `partition_key` is a K = 1 key whatever

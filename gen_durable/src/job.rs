@@ -28,11 +28,6 @@ impl JobError {
     pub fn fail(err: impl fmt::Display) -> Self {
         JobError::Fail(err.to_string())
     }
-    /// Renamed [`JobError::fail`] (it never meant `Client::cancel`).
-    #[deprecated(since = "0.1.0", note = "renamed `JobError::fail`")]
-    pub fn cancel(err: impl fmt::Display) -> Self {
-        JobError::fail(err)
-    }
 }
 
 impl fmt::Display for JobError {

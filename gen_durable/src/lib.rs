@@ -49,7 +49,7 @@
 //! }
 //!
 //! # async fn run(pool: sqlx::PgPool) -> gen_durable::Result<()> {
-//! gen_durable::migrate(&pool).await?;
+//! gen_durable::migrate_schema(&pool).await?;
 //! let gd = Client::new(pool.clone());
 //! let id = gd.insert::<Checkout>(CheckoutState { order: 42, ..Default::default() })
 //!     .partition_key("order:42")
@@ -137,7 +137,7 @@ pub use gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
-pub use migrate::migrate;
+pub use migrate::migrate_schema;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
 #[doc(hidden)]
 pub use operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};

@@ -9,7 +9,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Brings the schema up to date. Idempotent; safe when several processes run it at
 /// once (sqlx serializes them with an advisory lock held for the migration only).
-pub async fn migrate(pool: &PgPool) -> Result<()> {
+pub async fn migrate_schema(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     Ok(())
 }

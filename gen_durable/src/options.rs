@@ -77,7 +77,7 @@ macro_rules! __insert_options {
         $crate::__insert_option! { $mode
             /// Runs under key `key` of a gate: at most the gate's K steps of that key at
             /// once, across every node (`("stripe", tenant)`, or `LimitKey::global("smtp")`).
-            /// The gate must be declared (`EngineBuilder::concurrency_limit`,
+            /// The gate must be declared (`EngineBuilder::gate`,
             /// `Client::set_gate`): an unknown one is `Error::UnknownGate` and nothing is
             /// written. Replaces a `partition_key` set before.
             gate(key: impl Into<$crate::LimitKey>)

@@ -316,7 +316,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .max_connections(10)
         .connect_with(direct.clone().disable_statement_logging())
         .await?;
-    gen_durable::migrate(&quiet).await?;
+    gen_durable::migrate_schema(&quiet).await?;
 
     let measure = !(args.smoke || args.no_ceiling);
     let secs = args.ceiling_secs;

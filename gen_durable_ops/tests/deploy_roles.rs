@@ -148,7 +148,7 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
 
     // The migrator owns the schema.
     let migrator = d.pool("migrator").await;
-    gen_durable::migrate(&migrator).await.unwrap();
+    gen_durable::migrate_schema(&migrator).await.unwrap();
     sqlx::query(&format!(
         "REVOKE INSERT, UPDATE, DELETE ON _sqlx_migrations FROM {}",
         d.role("worker")

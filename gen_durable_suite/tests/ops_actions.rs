@@ -184,7 +184,7 @@ async fn restart_refuses_an_executing_instance_and_changes_nothing() {
     .unwrap();
     let e = gd.restart(id, "run").await.unwrap_err();
     assert!(
-        matches!(&e, Error::WrongStatus { status, .. } if status == "executing"),
+        matches!(&e, Error::WrongStatus { status, .. } if *status == Status::Executing),
         "{e}"
     );
     let (st, epoch, locked): (String, i64, Option<String>) = sqlx::query_as(

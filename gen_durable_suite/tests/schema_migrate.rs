@@ -1,4 +1,4 @@
-//! `gen_durable::migrate` is idempotent and safe to run from several places at once.
+//! `gen_durable::migrate_schema` is idempotent and safe to run from several places at once.
 
 use gen_durable_testkit::TestDb;
 
@@ -6,7 +6,7 @@ use gen_durable_testkit::TestDb;
 async fn migrate_twice_and_from_two_tasks_at_once() {
     // TestDb::new() has migrated once already.
     let db = TestDb::new().await;
-    gen_durable::migrate(db.pool())
+    gen_durable::migrate_schema(db.pool())
         .await
         .expect("second run is a no-op");
 
@@ -18,7 +18,10 @@ async fn migrate_twice_and_from_two_tasks_at_once() {
         .unwrap();
     let a = fresh.new_pool(2).await;
     let b = fresh.new_pool(2).await;
-    let (ra, rb) = tokio::join!(gen_durable::migrate(&a), gen_durable::migrate(&b));
+    let (ra, rb) = tokio::join!(
+        gen_durable::migrate_schema(&a),
+        gen_durable::migrate_schema(&b)
+    );
     ra.expect("first migrator");
     rb.expect("second migrator");
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")

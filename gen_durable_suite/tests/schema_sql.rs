@@ -1,5 +1,5 @@
 //! `gen_durable/sql/` says what the migrations build: one database migrated by
-//! `gen_durable::migrate`, one built by loading the `sql/` files in their order, and their
+//! `gen_durable::migrate_schema`, one built by loading the `sql/` files in their order, and their
 //! catalogs compared object by object (tables and columns, constraints, indexes, triggers,
 //! types, sequences, views, and every function's whole definition).
 //!

@@ -106,7 +106,7 @@ impl TestDb {
             .connect_with(admin.clone().database(&name))
             .await
             .expect("connect to test database directly");
-        gen_durable::migrate(&direct)
+        gen_durable::migrate_schema(&direct)
             .await
             .expect("migrate test database");
         let direct = if std::env::var_os("DATABASE_DIRECT_URL").is_some() {

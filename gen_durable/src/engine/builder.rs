@@ -146,7 +146,7 @@ impl EngineBuilder {
     /// across every node (see [`Gate`]). Written to the database at `start` (the last
     /// node to start with a different limit sets it; every node's next pick uses it).
     /// A name declared twice, or a limit out of range, is refused at `start`.
-    pub fn concurrency_limit(mut self, name: impl Into<String>, gate: Gate) -> Self {
+    pub fn gate(mut self, name: impl Into<String>, gate: Gate) -> Self {
         self.gates.push((name.into(), gate));
         self
     }

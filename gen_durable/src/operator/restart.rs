@@ -55,27 +55,23 @@ impl RestartFound {
             RestartFound::Restarted => Ok(()),
             RestartFound::Executing => Err(Error::WrongStatus {
                 id,
-                status: Status::Executing.to_string(),
+                status: Status::Executing,
                 what: "a step of it is running: restart it once the step has ended (cancel it first to stop it)",
             }),
             RestartFound::LiveChildren(status) => Err(Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "it has live children, which a restart would leave uncounted: cancel it (which cancels them) and restart it once they have ended",
             }),
             RestartFound::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
                 id,
                 parent,
-                status: status.to_string(),
+                status,
             }),
             RestartFound::KeyTaken => Err(Error::Duplicate {
                 key: format!("(the unique key of instance {id})"),
             }),
-            RestartFound::VersionChanged { .. } => Err(Error::WrongStatus {
-                id,
-                status: "migrated".into(),
-                what: "an instance migration moved it to another FSM version while the step was checked: restart it again",
-            }),
+            RestartFound::VersionChanged { from, to } => Err(Error::VersionChanged { id, from, to }),
         }
     }
 }
@@ -138,5 +134,33 @@ impl Client {
         tx.commit().await?;
         crate::wait::wake(id);
         found.answer(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RestartFound;
+    use crate::{Error, Status};
+
+    /// Each refusal is a typed error: the status a restart found, or the versions an
+    /// instance migration moved the row between.
+    #[test]
+    fn a_refused_restart_answers_with_typed_values() {
+        assert!(matches!(
+            RestartFound::LiveChildren(Status::AwaitingChildren).answer(7),
+            Err(Error::WrongStatus {
+                id: 7,
+                status: Status::AwaitingChildren,
+                ..
+            })
+        ));
+        assert!(matches!(
+            RestartFound::VersionChanged { from: 1, to: 2 }.answer(7),
+            Err(Error::VersionChanged {
+                id: 7,
+                from: 1,
+                to: 2
+            })
+        ));
     }
 }

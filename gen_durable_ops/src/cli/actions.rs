@@ -14,7 +14,7 @@ use gen_durable::{Client, Target};
 
 pub(crate) async fn migrate(pool: &PgPool) -> Result<Output, CliError> {
     let before = applied(pool).await?;
-    gen_durable::migrate(pool).await?;
+    gen_durable::migrate_schema(pool).await?;
     let after = applied(pool).await?;
     let new: Vec<&(i64, String)> = after.iter().filter(|m| !before.contains(m)).collect();
     let text = if new.is_empty() {

@@ -117,10 +117,11 @@ impl From<Error> for CliError {
                 "no live instance holds it: check the key, or `inspect --key` for the newest \
                  instance that had it",
             ),
-            Error::Finished { id, ref status } if status == "failed" => {
-                CliError::new(Kind::Conflict, message)
-                    .hint(format!("`gen_durable retry {id}` makes it runnable again"))
-            }
+            Error::Finished {
+                id,
+                status: gen_durable::Status::Failed,
+            } => CliError::new(Kind::Conflict, message)
+                .hint(format!("`gen_durable retry {id}` makes it runnable again")),
             Error::Finished { id, .. } => CliError::new(Kind::Conflict, message)
                 .hint(format!("`gen_durable inspect {id}` shows its result")),
             Error::WrongStatus { id, .. } => CliError::new(Kind::Conflict, message)
@@ -137,7 +138,9 @@ impl From<Error> for CliError {
                  this version, or run `restart` from your own binary (whose `main` calls \
                  `gen_durable_ops::main()`) that registers it",
             ),
-            Error::ParentMovedOn { .. } => CliError::new(Kind::Conflict, message),
+            Error::ParentMovedOn { .. } | Error::VersionChanged { .. } => {
+                CliError::new(Kind::Conflict, message)
+            }
             Error::Database(sqlx::Error::Database(ref db))
                 if db.code().as_deref() == Some(UNDEFINED_TABLE) =>
             {

@@ -56,7 +56,7 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
         )
     };
     let pool = open().await?;
-    match gen_durable::migrate(&pool).await {
+    match gen_durable::migrate_schema(&pool).await {
         Ok(()) => Ok(pool),
         // Migrated by another checkout of gen_durable whose migrations differ from these
         // (an edited or a newer one): it is only the examples' database, so start afresh.
@@ -73,7 +73,7 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
                 .execute(&mut admin)
                 .await?;
             let pool = open().await?;
-            gen_durable::migrate(&pool).await?;
+            gen_durable::migrate_schema(&pool).await?;
             Ok(pool)
         }
         Err(e) => Err(e.into()),

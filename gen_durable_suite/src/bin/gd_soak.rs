@@ -274,7 +274,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max_connections(4)
         .connect(&url)
         .await?;
-    gen_durable::migrate(&pool).await?;
+    gen_durable::migrate_schema(&pool).await?;
     create_audit_table(&pool).await?;
 
     let gd = Client::new(pool.clone());

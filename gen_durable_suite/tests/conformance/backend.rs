@@ -542,7 +542,7 @@ impl Backend for Pg {
             let status = self.get(id).await.status;
             return Err(gen_durable::Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "only a runnable, due instance can be claimed and lose its lease",
             });
         }
@@ -571,7 +571,7 @@ impl Backend for Pg {
             let status = self.get(id).await.status;
             return Err(gen_durable::Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "only a runnable, due instance can be claimed",
             });
         }

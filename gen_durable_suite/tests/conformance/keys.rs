@@ -78,7 +78,7 @@ pub async fn a_finished_holder_in_scope_keeps_its_key_and_is_finished<B: Backend
     b.run().await;
     let e = b.signal(Key("once"), "go", json!({})).await.unwrap_err();
     assert!(
-        matches!(&e, Error::Finished { id: x, status } if *x == id && status == "done"),
+        matches!(&e, Error::Finished { id: x, status } if *x == id && *status == Status::Done),
         "{e}"
     );
     let again = b
@@ -310,7 +310,7 @@ pub async fn a_failed_holder_with_failed_in_scope_is_finished<B: Backend>(b: &mu
     b.get(id).await.assert_failed("bad input");
     let e = b.signal(Key("strict"), "go", json!({})).await.unwrap_err();
     assert!(
-        matches!(&e, Error::Finished { id: x, status } if *x == id && status == "failed"),
+        matches!(&e, Error::Finished { id: x, status } if *x == id && *status == Status::Failed),
         "{e}"
     );
     let again = b

@@ -219,7 +219,7 @@ pub async fn restart_refuses_a_parent_with_live_children<B: Backend>(b: &mut B) 
     b.run().await;
     let e = b.restart(parent, "spawn").await.unwrap_err();
     assert!(
-        matches!(&e, Error::WrongStatus { status, .. } if status == "awaiting_children"),
+        matches!(&e, Error::WrongStatus { status, .. } if *status == Status::AwaitingChildren),
         "{e}"
     );
     let p = b.get(parent).await;

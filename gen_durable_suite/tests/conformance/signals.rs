@@ -35,7 +35,7 @@ pub async fn signal_errors_store_nothing<B: Backend>(b: &mut B) {
     b.run().await;
     let e = b.signal(done, "go", json!(1)).await.unwrap_err();
     assert!(
-        matches!(&e, Error::Finished { id: x, status } if *x == done && status == "done"),
+        matches!(&e, Error::Finished { id: x, status } if *x == done && *status == Status::Done),
         "{e}"
     );
     b.get(done).await.assert_inbox(Vec::<&str>::new());

@@ -114,7 +114,7 @@ impl TestKit {
         } else {
             Err(Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "only a runnable, due instance can be claimed",
             })
         }
@@ -134,7 +134,7 @@ impl TestKit {
         } else {
             Err(Error::WrongStatus {
                 id,
-                status: status.to_string(),
+                status,
                 what: "only a runnable, due instance can be claimed and lose its lease",
             })
         }

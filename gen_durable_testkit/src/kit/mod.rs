@@ -97,11 +97,20 @@ impl TestKit {
         self
     }
 
-    /// Declares gate `name`, as `EngineBuilder::concurrency_limit` does (panics on a
+    /// Declares gate `name`, as `EngineBuilder::gate` does (panics on a
     /// name or limit `start` would refuse).
-    pub fn with_concurrency_limit(mut self, name: &str, gate: Gate) -> Self {
+    pub fn gate(mut self, name: &str, gate: Gate) -> Self {
         gate.check(name).expect("a valid gate");
         self.store.set_gate(name, gate.limit());
+        self
+    }
+
+    /// Declares rate limit `name`, as `EngineBuilder::rate_limit` does (panics on a name
+    /// or limit `start` would refuse). Buckets refill on the kit's virtual clock.
+    pub fn rate_limit(mut self, name: &str, limit: RateLimit) -> Self {
+        limit.check(name).expect("a valid rate limit");
+        self.store
+            .set_rate_limit(name, limit.per_second(), limit.capacity());
         self
     }
 
@@ -196,5 +205,42 @@ impl TestKit {
     /// fall due run at the next [`TestKit::run_until_idle`].
     pub fn advance(&mut self, by: Duration) {
         self.clock.advance(by);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gen_durable::{Gate, RateLimit};
+
+    use super::TestKit;
+
+    /// The builder's declarations are what `set_gate` and `set_rate_limit` would write:
+    /// declaring the same again writes nothing, a different limit is written.
+    #[test]
+    fn gate_and_rate_limit_declare_what_the_setters_would_write() {
+        let minute = Duration::from_secs(60);
+        let mut kit = TestKit::new()
+            .gate("stripe", Gate::new(2))
+            .rate_limit("mail", RateLimit::per(100, minute).burst(10));
+        assert_eq!(
+            kit.set_gate("stripe", Gate::new(2)).into_inner().ok(),
+            Some(false)
+        );
+        assert_eq!(
+            kit.set_gate("stripe", Gate::new(3)).into_inner().ok(),
+            Some(true)
+        );
+        let same = RateLimit::per(100, minute).burst(10);
+        assert_eq!(
+            kit.set_rate_limit("mail", same).into_inner().ok(),
+            Some(false)
+        );
+        let other = RateLimit::per(50, minute);
+        assert_eq!(
+            kit.set_rate_limit("mail", other).into_inner().ok(),
+            Some(true)
+        );
     }
 }

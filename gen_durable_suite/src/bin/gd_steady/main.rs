@@ -134,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max_connections(2)
         .connect_with(opts.clone().application_name("gd_steady-stats"))
         .await?;
-    gen_durable::migrate(&stats).await?;
+    gen_durable::migrate_schema(&stats).await?;
     let pgstattuple = sqlx::query("CREATE EXTENSION IF NOT EXISTS pgstattuple")
         .execute(&stats)
         .await
