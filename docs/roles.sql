@@ -4,7 +4,7 @@
 --   psql "$ADMIN_URL" -f docs/roles.sql
 --
 -- Then:
---   gd_migrator  runs `gen_durable migrate` (it owns the schema's tables and functions);
+--   gd_migrator  runs `gen_durable migrate-schema` (it owns the schema's tables and functions);
 --   gd_worker    is what engines and clients connect as: rows only (SELECT, INSERT, UPDATE,
 --                DELETE on gen_durable's tables) — no DDL, no TRUNCATE, no superuser, no
 --                pg_signal_backend, so it cannot drop or alter a table or end another
@@ -36,7 +36,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE gd_migrator IN SCHEMA public
 ALTER DEFAULT PRIVILEGES FOR ROLE gd_migrator IN SCHEMA public
     GRANT SELECT ON TABLES TO gd_reader;
 
--- After the first `gen_durable migrate` (as gd_migrator), take back the worker's writes
+-- After the first `gen_durable migrate-schema` (as gd_migrator), take back the worker's writes
 -- to sqlx's migration ledger, which the default privileges above also granted:
 --
 --   REVOKE INSERT, UPDATE, DELETE ON _sqlx_migrations FROM gd_worker;

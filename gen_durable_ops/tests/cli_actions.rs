@@ -13,9 +13,9 @@ const CONFLICT: i32 = 6;
 #[tokio::test]
 async fn migrate_is_idempotent() {
     let db = TestDb::new().await;
-    let r = gd_on(&db, &["migrate"]).expect(0);
+    let r = gd_on(&db, &["migrate-schema"]).expect(0);
     assert!(r.stdout.starts_with("already up to date ("), "{}", r.stdout);
-    let j = gd_on(&db, &["migrate", "--json"]).expect(0).json();
+    let j = gd_on(&db, &["migrate-schema", "--json"]).expect(0).json();
     assert_eq!(j["applied"], json!([]));
     assert!(j["schema_version"].as_i64().unwrap() >= 3);
     db.close().await;

@@ -13,7 +13,7 @@ const NOT_MIGRATED: i32 = 4;
 fn help_lists_every_command_and_the_exit_codes() {
     let r = gd(&["--help"]).expect(0);
     for cmd in [
-        "migrate",
+        "migrate-schema",
         "status",
         "inspect",
         "explain",
@@ -74,7 +74,7 @@ async fn missing_database() {
     ])
     .expect(CONNECT);
     assert!(r.stderr.contains("does not exist"), "{}", r.stderr);
-    assert!(r.stderr.contains("then run `gen_durable migrate`"));
+    assert!(r.stderr.contains("then run `gen_durable migrate-schema`"));
 }
 
 #[tokio::test]
@@ -103,7 +103,7 @@ async fn not_migrated_then_migrate() {
             r.stderr
         );
         assert!(
-            r.stderr.contains("run `gen_durable migrate`"),
+            r.stderr.contains("run `gen_durable migrate-schema`"),
             "{}",
             r.stderr
         );
@@ -111,7 +111,7 @@ async fn not_migrated_then_migrate() {
     let r = gd_on(&db, &["--json", "status"]).expect(NOT_MIGRATED);
     assert_eq!(r.json_error()["error"]["kind"], "not_migrated");
 
-    let r = gd_on(&db, &["migrate"]).expect(0);
+    let r = gd_on(&db, &["migrate-schema"]).expect(0);
     assert!(
         r.stdout.starts_with("migrated: applied 0001 instances"),
         "{}",
@@ -136,7 +136,7 @@ async fn schema_older_than_the_cli() {
         .unwrap();
     let r = gd_on(&db, &["status"]).expect(NOT_MIGRATED);
     assert!(r.stderr.contains("gd_nodes is missing"), "{}", r.stderr);
-    assert!(r.stderr.contains("run `gen_durable migrate`"));
+    assert!(r.stderr.contains("run `gen_durable migrate-schema`"));
 
     // Migrated before schedules: the newest table is named.
     let db2 = TestDb::new().await;

@@ -1,4 +1,4 @@
-//! The commands that change something: `migrate`, `signal`, `cancel`, `retry`, `gc`.
+//! The commands that change something: `migrate-schema`, `signal`, `cancel`, `retry`, `gc`.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::store::admin;
 use gen_durable::backend::millis;
 use gen_durable::{Client, Target};
 
-pub(crate) async fn migrate(pool: &PgPool) -> Result<Output, CliError> {
+pub(crate) async fn migrate_schema(pool: &PgPool) -> Result<Output, CliError> {
     let before = applied(pool).await?;
     gen_durable::migrate_schema(pool).await?;
     let after = applied(pool).await?;

@@ -26,7 +26,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Create or update the schema. Idempotent; safe from several processes at once.
-    Migrate,
+    MigrateSchema,
     /// Counts per queue and status, lag of the oldest runnable row, rows no live node
     /// runs, expired leases, and the nodes that announce themselves.
     Status,

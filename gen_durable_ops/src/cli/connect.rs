@@ -70,14 +70,14 @@ fn connect_error(shown: &str, e: sqlx::Error) -> CliError {
     let hint = match code.as_deref() {
         Some(INVALID_PASSWORD | INVALID_AUTHORIZATION) => "check the user and password in the URL",
         Some(INVALID_CATALOG) => {
-            "create the database first (e.g. `createdb NAME`), then run `gen_durable migrate`"
+            "create the database first (e.g. `createdb NAME`), then run `gen_durable migrate-schema`"
         }
         _ => "check that the server is up and that host and port are right",
     };
     CliError::new(Kind::Connect, format!("cannot connect to {shown}: {e}")).hint(hint)
 }
 
-/// Fails with "run `gen_durable migrate`" unless the whole schema is there.
+/// Fails with "run `gen_durable migrate-schema`" unless the whole schema is there.
 pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
     let s = admin::schema_state(pool).await?;
     if !s.instances {

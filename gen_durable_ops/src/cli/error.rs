@@ -73,7 +73,7 @@ impl CliError {
 
     pub(crate) fn not_migrated(what: &str) -> Self {
         CliError::new(Kind::NotMigrated, what.to_string())
-            .hint("run `gen_durable migrate` against this database first")
+            .hint("run `gen_durable migrate-schema` against this database first")
     }
 
     pub(crate) fn exit_code(&self) -> ExitCode {

@@ -33,7 +33,7 @@ Exit codes:
   1  the database failed or refused the operation
   2  bad arguments (also a payload that is not JSON, a bad signal name or age)
   3  no database URL, a malformed one, or the server cannot be reached or logged into
-  4  the database is not migrated: run `gen_durable migrate`
+  4  the database is not migrated: run `gen_durable migrate-schema`
   5  no instance with this id
   6  the instance's status does not allow it (finished, not failed, executing, unique key taken)";
 
@@ -123,11 +123,11 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         }
         _ => connect::connect(cli.database_url.as_deref()).await?,
     };
-    if !matches!(cli.command, Command::Migrate) {
+    if !matches!(cli.command, Command::MigrateSchema) {
         connect::require_schema(&pool).await?;
     }
     let out = match cli.command {
-        Command::Migrate => actions::migrate(&pool).await,
+        Command::MigrateSchema => actions::migrate_schema(&pool).await,
         Command::Status => status::run(&pool).await,
         Command::Inspect { id, key } => inspect::run(&pool, target(id, key)).await,
         Command::Explain { id, key } => explain::run(&pool, target(id, key)).await,
