@@ -69,6 +69,58 @@ pub const MARKED_KINDS: &[&str] = &[
     "pause",
 ];
 
+/// The literal each `const NAME: &str = …;` of a Rust source starts with: (name, text).
+/// What the statement-marker tests of the crates that write SQL scan their files with; a
+/// constant built by a macro (`deliver!(…)`) is left out, for its caller to check by value.
+pub fn sql_constants(src: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = src;
+    while let Some(at) = rest.find("const ") {
+        rest = &rest[at + "const ".len()..];
+        let Some((name, after)) = rest.split_once(": &str =") else {
+            continue;
+        };
+        if !name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+            continue;
+        }
+        let after = after.trim_start();
+        let macro_call = after
+            .split_once('!')
+            .is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+        if macro_call {
+            // Built by a macro (`deliver!(…)`): its caller checks it by value.
+            continue;
+        }
+        let text = if let Some(raw) = after.strip_prefix("r#\"") {
+            raw.split_once("\"#").map(|(t, _)| t)
+        } else if let Some(plain) = after.strip_prefix('"') {
+            plain.split_once('"').map(|(t, _)| t)
+        } else {
+            None
+        };
+        out.push((name.to_string(), text.unwrap_or_default().to_string()));
+    }
+    out
+}
+
+/// Panics unless every SQL constant of each `(file, source)` opens with a known
+/// `/* gd:KIND */` marker ([`classify`] does not call it `other`); returns how many it
+/// checked, so a caller can tell that the scan found its statements.
+pub fn assert_marked(sources: &[(&str, &str)]) -> usize {
+    let mut seen = 0;
+    for (file, src) in sources {
+        for (name, sql) in sql_constants(src) {
+            assert!(
+                sql.starts_with("/* gd:"),
+                "{file}: {name} does not start with its /* gd:KIND */ marker"
+            );
+            assert_ne!(classify(&sql), "other", "{file}: {name}: an unknown marker");
+            seen += 1;
+        }
+    }
+    seen
+}
+
 /// The kind of a statement, from the marker comment every statement of gen_durable starts
 /// with: `/* gd:claim */ WITH picked AS MATERIALIZED …` is a `claim`. The kind is one of
 /// [`MARKED_KINDS`]; a marker naming anything else is `other`.

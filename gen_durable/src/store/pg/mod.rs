@@ -154,52 +154,9 @@ mod tests {
         ("wait.rs", include_str!("wait.rs")),
     ];
 
-    /// The literal each `const NAME: &str = …;` of `src` starts with: (name, text).
-    fn sql_constants(src: &str) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut rest = src;
-        while let Some(at) = rest.find("const ") {
-            rest = &rest[at + "const ".len()..];
-            let Some((name, after)) = rest.split_once(": &str =") else {
-                continue;
-            };
-            if !name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
-                continue;
-            }
-            let after = after.trim_start();
-            let macro_call = after
-                .split_once('!')
-                .is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
-            if macro_call {
-                // Built by a macro (`deliver!(…)`): checked by value below.
-                continue;
-            }
-            let text = if let Some(raw) = after.strip_prefix("r#\"") {
-                raw.split_once("\"#").map(|(t, _)| t)
-            } else if let Some(plain) = after.strip_prefix('"') {
-                plain.split_once('"').map(|(t, _)| t)
-            } else {
-                None
-            };
-            out.push((name.to_string(), text.unwrap_or_default().to_string()));
-        }
-        out
-    }
-
     #[test]
     fn every_statement_starts_with_its_marker() {
-        let mut seen = 0;
-        for (file, src) in SOURCES {
-            for (name, sql) in sql_constants(src) {
-                assert!(
-                    sql.starts_with("/* gd:"),
-                    "{file}: {name} does not start with its /* gd:KIND */ marker"
-                );
-                let kind = gen_durable_testkit::statements::classify(&sql);
-                assert_ne!(kind, "other", "{file}: {name}: an unknown marker");
-                seen += 1;
-            }
-        }
+        let seen = gen_durable_testkit::statements::assert_marked(&SOURCES);
         // Every statement of the audit's list is among them: the scan found them all.
         assert!(
             seen >= super::prepared().len(),
