@@ -8,6 +8,11 @@
 
 pub use crate::store::pg::millis;
 
+/// The schema migrations this build embeds: how many there are.
+pub mod schema {
+    pub use crate::migrate::embedded;
+}
+
 /// Node announcements, the clock of the database and the collector's delete.
 pub mod admin {
     pub use crate::store::pg::admin::{

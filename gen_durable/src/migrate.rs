@@ -13,3 +13,9 @@ pub async fn migrate_schema(pool: &PgPool) -> Result<()> {
     MIGRATOR.run(pool).await?;
     Ok(())
 }
+
+/// How many schema migrations this build embeds (the count `_sqlx_migrations` holds once
+/// [`migrate_schema`] has run).
+pub fn embedded() -> usize {
+    MIGRATOR.iter().count()
+}
