@@ -16,12 +16,6 @@ pub use serde_json::Value;
 
 use std::marker::PhantomData;
 
-/// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
-/// probes name them (see `gd_audit_prep` and `scripts/audit.sh`).
-pub fn prepared_statements() -> Vec<(&'static str, &'static str, std::borrow::Cow<'static, str>)> {
-    crate::store::pg::prepared()
-}
-
 /// What `#[durable_steps]` implements for an FSM: the part of the dispatch only the
 /// impl block knows, i.e. whether it defines `handle`. `#[durable_fsm]`'s `Fsm::handle`
 /// forwards here, so an FSM without a `#[durable_steps]` block fails to compile with

@@ -1,10 +1,29 @@
 //! Not part of the stable API: the door for `gen_durable_ops` and `gen_durable_testkit`;
-//! it may change in any release.
+//! it may change in any release. Depend on the public API instead.
 //!
-//! What the operator tools (the `gen_durable` CLI, the dashboard) need of the library
-//! beyond its public API: reads that must share a caller's transaction or connection,
-//! the bounded counts behind the dashboard and the metrics, and the text of statements
-//! whose plans the dashboard reports. Depend on the public API instead.
+//! What a second engine needs to behave as this one does (the in-memory kit): the step
+//! runner's input and output, what a store reports back to the caller-facing code, and
+//! the checks both run before they write. And what the operator tools (the `gen_durable`
+//! CLI, the dashboard) need beyond the public API: reads that must share a caller's
+//! transaction or connection, the bounded counts behind the dashboard and the metrics,
+//! and the text of the engine's statements.
+
+pub use crate::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
+pub use crate::explain::{ExplainFacts, NodeFacts};
+pub use crate::gate::ConcurrencyKey;
+pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
+pub use crate::runtime::{
+    refused, run_erased, KeyChange, NewInstance, Outcome, StepInput, StepOutput,
+};
+pub use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
+pub use crate::validate::{check_signal, check_target};
+pub use crate::wait::WaitRow;
+
+/// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
+/// probes name them (see `gd_audit_prep` and `scripts/audit.sh`).
+pub fn prepared_statements() -> Vec<(&'static str, &'static str, std::borrow::Cow<'static, str>)> {
+    crate::store::pg::prepared()
+}
 
 pub use crate::store::pg::millis;
 

@@ -91,8 +91,7 @@ mod pool;
 mod pooler;
 mod rate_limit;
 mod registry;
-#[doc(hidden)]
-pub mod runtime;
+mod runtime;
 mod schedule;
 mod sharded;
 mod state;
@@ -111,8 +110,6 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod backend;
 
-#[doc(hidden)]
-pub use answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use answers::{Cancelled, Delivery};
 /// A time zone for [`Schedule::with_timezone`] (`chrono_tz::Tz`): `Tz::Europe__Paris`, or
 /// `"Europe/Paris".parse::<Tz>()`.
@@ -128,8 +125,6 @@ pub use explain::{
     ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
     EXPLAIN_LIST_LIMIT,
 };
-#[doc(hidden)]
-pub use explain::{ExplainFacts, NodeFacts};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
@@ -139,27 +134,19 @@ pub use job::{JobError, JobResult, RetryPolicy};
 pub use kind::OutcomeKind;
 pub use migrate::migrate_schema;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
-#[doc(hidden)]
-pub use operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
 pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
 pub use rate_limit::{BucketUse, RateLimit};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
-#[doc(hidden)]
-pub use schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
 pub use state::{cast_field, json_kind, CastError, DurableState};
 pub use status::Status;
 pub use target::{Key, Target};
 pub use telemetry::{Event, EventHandler};
 pub use transition::{StepRate, YieldReason};
-#[doc(hidden)]
-pub use validate::{check_signal, check_target};
 pub use validate::{MAX_DELAY, MAX_KEY_BYTES};
-#[doc(hidden)]
-pub use wait::WaitRow;
 pub use wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 
 pub use gen_durable_macros::*;

@@ -17,7 +17,8 @@ use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
 use crate::kind::OutcomeKind;
 use crate::options::InsertOptions;
 use crate::state::DurableState;
-pub use crate::transition::{KeyChange, StepRate, Transition};
+pub use crate::transition::KeyChange;
+pub(crate) use crate::transition::{StepRate, Transition};
 use crate::validate;
 use crate::Status;
 

@@ -2,8 +2,8 @@
 //! ways), registration of every linked FSM (an old version beside a new one), and
 //! dispatch to the handlers and to `handle`, run through the engine's step runner.
 
+use gen_durable::backend::{run_erased, Outcome, StepInput};
 use gen_durable::prelude::*;
-use gen_durable::runtime::{run_erased, Outcome, StepInput};
 use gen_durable::{durable_fsm, durable_steps, Registry};
 
 #[derive(DurableState, Serialize, Deserialize, Default, Debug, Clone)]

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use gen_durable::backend::{run_erased, Outcome, StepInput};
 use gen_durable::prelude::*;
-use gen_durable::runtime::{run_erased, Outcome, StepInput};
 use gen_durable::{durable_job, Registry, RetryPolicy};
 
 #[derive(DurableState, Serialize, Deserialize, Debug, Clone)]

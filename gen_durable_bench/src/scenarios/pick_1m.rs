@@ -23,7 +23,7 @@ pub(super) async fn pick_1m(b: &Bench) -> R<Report> {
     capture_statements(b).await?;
     let claim_sql = b.log.text("claim").ok_or("the claim was not captured")?;
     // The engine calls `gd_claim_plain`; EXPLAIN shows the statement inside it.
-    let explained_sql = gen_durable::__private::prepared_statements()
+    let explained_sql = gen_durable::backend::prepared_statements()
         .into_iter()
         .find(|(name, _, _)| *name == "claim_plain")
         .map(|(_, _, sql)| sql.into_owned())

@@ -5,7 +5,7 @@
 //! runs the audit's probes with both.
 
 fn main() {
-    let statements = gen_durable::__private::prepared_statements();
+    let statements = gen_durable::backend::prepared_statements();
     if std::env::args().nth(1).as_deref() == Some("reap-pgbench") {
         let (_, _, reap) = statements
             .iter()

@@ -4,9 +4,10 @@
 
 use std::future::{ready, Ready};
 
+use gen_durable::backend::BulkAction;
 use gen_durable::{
-    BulkAction, BulkReport, Cancelled, Error, Filter, MigrateOptions, MigrationReport, QueuePause,
-    Result, Status,
+    BulkReport, Cancelled, Error, Filter, MigrateOptions, MigrationReport, QueuePause, Result,
+    Status,
 };
 use serde_json::Value;
 
@@ -41,9 +42,13 @@ impl TestKit {
         let now = self.now();
         let checked = match self.store.row(id) {
             None => Err(Error::NotFound { id }),
-            Some(r) => {
-                gen_durable::check_restart_step(&self.registry, &r.fsm, r.version, step, None)
-            }
+            Some(r) => gen_durable::backend::check_restart_step(
+                &self.registry,
+                &r.fsm,
+                r.version,
+                step,
+                None,
+            ),
         };
         ready(checked.and_then(|()| self.store.restart(id, step, now).answer(id)))
     }
@@ -87,13 +92,14 @@ impl TestKit {
     pub fn pause_queue(&mut self, queue: &str, reason: Option<&str>) -> Ready<Result<bool>> {
         let now = self.now();
         ready(
-            gen_durable::check_queue(queue, reason).map(|()| self.store.pause(queue, reason, now)),
+            gen_durable::backend::check_queue(queue, reason)
+                .map(|()| self.store.pause(queue, reason, now)),
         )
     }
 
     /// Resumes a paused `queue`, like `Client::resume_queue`. True if it was paused.
     pub fn resume_queue(&mut self, queue: &str) -> Ready<Result<bool>> {
-        ready(gen_durable::check_queue(queue, None).map(|()| self.store.resume(queue)))
+        ready(gen_durable::backend::check_queue(queue, None).map(|()| self.store.resume(queue)))
     }
 
     /// The paused queues, by name, like `Client::paused_queues`.

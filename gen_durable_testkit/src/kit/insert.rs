@@ -4,7 +4,7 @@
 
 use std::future::{ready, Ready};
 
-use gen_durable::runtime::NewInstance;
+use gen_durable::backend::NewInstance;
 use gen_durable::{Entry, Fsm, Result};
 use serde_json::Value;
 
@@ -71,6 +71,6 @@ impl TestKit {
         self.check_gates(std::slice::from_ref(&row))?;
         let key = row.unique_key.clone();
         let id = self.insert_rows(vec![row]).first().copied();
-        gen_durable::inserted(id, key.as_deref())
+        gen_durable::backend::inserted(id, key.as_deref())
     }
 }

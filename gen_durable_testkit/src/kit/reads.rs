@@ -3,9 +3,8 @@
 
 use std::future::{ready, Ready};
 
-use gen_durable::{
-    Error, Event, ExplainFacts, Explanation, OutcomeKind, Result, Settled, Status, Target,
-};
+use gen_durable::backend::ExplainFacts;
+use gen_durable::{Error, Event, Explanation, OutcomeKind, Result, Settled, Status, Target};
 use serde_json::Value;
 
 use super::TestKit;
@@ -22,7 +21,7 @@ impl TestKit {
 
     /// The answer of a wait on `to` now.
     pub(crate) fn wait_now(&self, to: &Target, until_terminal: bool) -> Result<Settled> {
-        gen_durable::check_target(to)?;
+        gen_durable::backend::check_target(to)?;
         let id = match to {
             Target::Id(id) => *id,
             Target::Key(key) => self
@@ -42,7 +41,7 @@ impl TestKit {
 
     /// Why `to` (an id or a [`Key`](gen_durable::Key)) is not running, or what it is
     /// doing, as `Client::explain` answers — from the same facts, decided by the same
-    /// code (`gen_durable::ExplainFacts`), with the same bounds. The kit knows every
+    /// code (`gen_durable::backend::ExplainFacts`), with the same bounds. The kit knows every
     /// reason but the nodes' (it runs every FSM it knows), so it never answers
     /// [`Reason::NoNodeForQueue`](gen_durable::Reason::NoNodeForQueue) or
     /// [`Reason::NoNodeForVersion`](gen_durable::Reason::NoNodeForVersion). A row is
@@ -54,7 +53,7 @@ impl TestKit {
     }
 
     fn explain_now(&self, to: &Target) -> Result<Explanation> {
-        gen_durable::check_target(to)?;
+        gen_durable::backend::check_target(to)?;
         let id = match to {
             Target::Id(id) => *id,
             Target::Key(key) => self

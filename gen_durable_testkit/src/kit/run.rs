@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use gen_durable::runtime::{StepInput, StepOutput};
+use gen_durable::backend::{StepInput, StepOutput};
 use gen_durable::{Event, FsmEntry, OutcomeKind, Status};
 
 use super::TestKit;

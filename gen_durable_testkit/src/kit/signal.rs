@@ -27,8 +27,8 @@ impl TestKit {
         payload: Value,
         dedup_key: Option<String>,
     ) -> Result<Delivery> {
-        gen_durable::check_target(to)?;
-        gen_durable::check_signal(
+        gen_durable::backend::check_target(to)?;
+        gen_durable::backend::check_signal(
             name,
             &payload,
             dedup_key.as_deref(),

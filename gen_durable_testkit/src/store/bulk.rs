@@ -2,14 +2,15 @@
 //! `TestKit::cancel_where` / `retry_where` as `Client::cancel_where` / `retry_where` run
 //! them — batches of at most `BULK_BATCH` matching ids read by id above the last batch's
 //! (MATCHING_IDS; MATCHING_COUNT for a dry run), each acted on by the single-row cancel
-//! or retry. The filter is checked and matched by `gen_durable::FilterMatch`, the same
+//! or retry. The filter is checked and matched by `gen_durable::backend::FilterMatch`, the same
 //! conditions as the statement's.
 //!
 //! No step runs while the kit's caller holds it, so a matched row cannot change between
 //! its batch's read and its action: a cancel skips nothing and flags no executing row.
 
 use chrono::{DateTime, Utc};
-use gen_durable::{BulkReport, CancelFound, FilterMatch, RetryFound, BULK_BATCH};
+use gen_durable::backend::{CancelFound, FilterMatch, RetryFound};
+use gen_durable::{BulkReport, BULK_BATCH};
 
 use super::{Row, Store};
 

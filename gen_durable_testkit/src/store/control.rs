@@ -3,7 +3,8 @@
 //! same `…Found` value as its statement, so `TestKit` and `Client` answer alike.
 
 use chrono::{DateTime, Utc};
-use gen_durable::{CancelFound, RestartFound, RetryFound, Status};
+use gen_durable::backend::{CancelFound, RestartFound, RetryFound};
+use gen_durable::Status;
 
 use super::{guard, Store};
 

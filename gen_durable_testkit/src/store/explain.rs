@@ -1,6 +1,6 @@
 //! The facts of `TestKit::explain`, read from the in-memory rows as the statement
 //! `EXPLAIN` of `gen_durable::store::pg::explain` reads them from the tables, bounds
-//! included; `gen_durable::ExplainFacts::explain` decides the reason for both.
+//! included; `gen_durable::backend::ExplainFacts::explain` decides the reason for both.
 //!
 //! What the kit does not have, it does not report: there are no nodes (`nodes: None`):
 //! the kit runs every FSM it knows, so
@@ -11,9 +11,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use gen_durable::{
-    ChildState, ExplainFacts, Holder, Status, EXPLAIN_COUNT_LIMIT, EXPLAIN_LIST_LIMIT,
-};
+use gen_durable::backend::ExplainFacts;
+use gen_durable::{ChildState, Holder, Status, EXPLAIN_COUNT_LIMIT, EXPLAIN_LIST_LIMIT};
 
 use super::{after, Row, Store};
 

@@ -3,7 +3,7 @@
 //! of a row before anything is written.
 
 use chrono::{DateTime, Utc};
-use gen_durable::runtime::NewInstance;
+use gen_durable::backend::NewInstance;
 use gen_durable::{Error, Status};
 
 use super::{after, guard, Row, Store};

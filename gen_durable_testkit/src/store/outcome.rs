@@ -4,8 +4,8 @@
 //! as `stop` when the database would refuse it.
 
 use chrono::{DateTime, Utc};
-use gen_durable::__private::ConcurrencyKey;
-use gen_durable::runtime::{refused, KeyChange, Outcome, StepOutput};
+use gen_durable::backend::ConcurrencyKey;
+use gen_durable::backend::{refused, KeyChange, Outcome, StepOutput};
 use gen_durable::{Error, OutcomeKind, Status};
 
 use super::{after, Store};

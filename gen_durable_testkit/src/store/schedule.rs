@@ -4,7 +4,8 @@
 //! (`Schedule::redeclare`): a new pattern or zone fires from its first fire time after now.
 
 use chrono::{DateTime, Utc};
-use gen_durable::{Event, Schedule, StoredSchedule};
+use gen_durable::backend::StoredSchedule;
+use gen_durable::{Event, Schedule};
 
 /// One declared schedule.
 #[derive(Debug)]

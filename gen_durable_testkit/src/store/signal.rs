@@ -2,7 +2,8 @@
 //! dedup key is in, and wake the target only on a name it awaits.
 
 use chrono::{DateTime, Utc};
-use gen_durable::{DeliveryFound, Signal, Status, Target};
+use gen_durable::backend::DeliveryFound;
+use gen_durable::{Signal, Status, Target};
 use serde_json::Value;
 
 use super::{Store, StoredSignal};

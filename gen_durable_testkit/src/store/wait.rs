@@ -1,7 +1,8 @@
 //! What a wait reads (`gen_durable::store::pg::wait`): a row as a wait sees it, the row
 //! a target names, and the newest row inserted with a key.
 
-use gen_durable::{Target, WaitRow};
+use gen_durable::backend::WaitRow;
+use gen_durable::Target;
 
 use super::{Row, Store};
 
