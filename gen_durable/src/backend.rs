@@ -8,9 +8,9 @@
 //! transaction or connection, the bounded counts behind the dashboard and the metrics,
 //! and the text of the engine's statements.
 
-pub use crate::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use crate::explain::{ExplainFacts, NodeFacts};
 pub use crate::gate::ConcurrencyKey;
+pub use crate::model::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
 pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
 pub use crate::runtime::{
     refused, run_erased, KeyChange, NewInstance, Outcome, StepInput, StepOutput,

@@ -20,7 +20,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::store::pg::counts;
 use crate::Status;
 

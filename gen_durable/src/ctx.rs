@@ -8,8 +8,8 @@ use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::model::error::{Error, Result};
 use crate::Status;
 
 /// A signal in an instance's inbox.

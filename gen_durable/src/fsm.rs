@@ -10,10 +10,10 @@ use serde_json::Value;
 
 use crate::ctx::Ctx;
 use crate::gate::{ConcurrencyKey, LimitKey};
-use crate::kind::OutcomeKind;
+use crate::model::kind::OutcomeKind;
+use crate::model::state::DurableState;
 use crate::options::InsertOptions;
 use crate::registry::FsmEntry;
-use crate::state::DurableState;
 use crate::transition::{KeyChange, StepRate};
 
 /// The future a step handler returns.

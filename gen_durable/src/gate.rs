@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg;
 use crate::{validate, Client};
 

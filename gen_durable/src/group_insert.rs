@@ -24,9 +24,9 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
-use crate::answers::inserted;
-use crate::clock::Clock;
-use crate::error::{Error, Result};
+use crate::model::answers::inserted;
+use crate::model::clock::Clock;
+use crate::model::error::{Error, Result};
 use crate::notify::Notifier;
 use crate::pool::can_spare;
 use crate::pooler::Pooler;

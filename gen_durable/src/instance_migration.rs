@@ -19,8 +19,8 @@ use std::panic::AssertUnwindSafe;
 use serde_json::Value;
 
 use crate::fsm::Fsm;
+use crate::model::state::DurableState;
 use crate::runtime::panic_message;
-use crate::state::DurableState;
 use crate::validate;
 
 /// How an instance of [`Migration::From`] (an older version of the same FSM) becomes an

@@ -67,23 +67,20 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod answers;
 mod client;
-mod clock;
 #[cfg(feature = "metrics")]
 mod counts;
 mod ctx;
 mod engine;
-mod error;
 mod explain;
 mod fsm;
 mod gate;
 mod group_insert;
 mod instance_migration;
 mod job;
-mod kind;
 mod migrate;
 mod migrate_instances;
+mod model;
 mod notify;
 mod operator;
 mod options;
@@ -94,10 +91,7 @@ mod registry;
 mod runtime;
 mod schedule;
 mod sharded;
-mod state;
-mod status;
 mod store;
-mod target;
 mod telemetry;
 mod transition;
 mod validate;
@@ -110,17 +104,14 @@ pub mod metrics;
 #[doc(hidden)]
 pub mod backend;
 
-pub use answers::{Cancelled, Delivery};
 /// A time zone for [`Schedule::with_timezone`] (`chrono_tz::Tz`): `Tz::Europe__Paris`, or
 /// `"Europe/Paris".parse::<Tz>()`.
 pub use chrono_tz::Tz;
 pub use client::{
     Client, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
-pub use clock::Clock;
 pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};
 pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain, WakeListener};
-pub use error::{Error, Result};
 pub use explain::{
     ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
     EXPLAIN_LIST_LIMIT,
@@ -131,9 +122,15 @@ pub use fsm::{
 pub use gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
-pub use kind::OutcomeKind;
 pub use migrate::migrate_schema;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
+pub use model::answers::{Cancelled, Delivery};
+pub use model::clock::Clock;
+pub use model::error::{Error, Result};
+pub use model::kind::OutcomeKind;
+pub use model::state::{cast_field, json_kind, CastError, DurableState};
+pub use model::status::Status;
+pub use model::target::{Key, Target};
 pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
 pub use options::InsertOptions;
 pub use pooler::Pooler;
@@ -141,9 +138,6 @@ pub use rate_limit::{BucketUse, RateLimit};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
-pub use state::{cast_field, json_kind, CastError, DurableState};
-pub use status::Status;
-pub use target::{Key, Target};
 pub use telemetry::{Event, EventHandler};
 pub use transition::{StepRate, YieldReason};
 pub use validate::{MAX_DELAY, MAX_KEY_BYTES};

@@ -49,7 +49,7 @@ pub use metrics_exporter_prometheus::PrometheusHandle;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use sqlx::PgPool;
 
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::telemetry::Event;
 
 /// Histogram buckets (seconds) of the step and commit durations: 100 µs to 60 s.

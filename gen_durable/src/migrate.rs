@@ -2,7 +2,7 @@
 
 use sqlx::PgPool;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// The migrations in `gen_durable/migrations/`, embedded at compile time.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

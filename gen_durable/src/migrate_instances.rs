@@ -12,9 +12,9 @@ use sqlx::PgPool;
 
 use serde_json::Value;
 
-use crate::clock::Clock;
-use crate::error::{Error, Result};
 use crate::instance_migration::{apply_path, Migrated, MigrationEntry};
+use crate::model::clock::Clock;
+use crate::model::error::{Error, Result};
 use crate::pooler::Pooler;
 use crate::registry::Registry;
 use crate::store::pg::migration;

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
 use crate::gate::gate_name;
+use crate::model::error::{Error, Result};
 use crate::store::pg;
 use crate::Client;
 

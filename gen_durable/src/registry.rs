@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
 use crate::fsm::Fsm;
 use crate::instance_migration::{apply_path, Migrated, Migration, MigrationEntry};
+use crate::model::error::{Error, Result};
+use crate::model::state::{CastError, DurableState};
 use crate::options::InsertOptions;
 use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput, StepRate};
-use crate::state::{CastError, DurableState};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,
 /// validate and run its rows without knowing the Rust type.

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ctx::{ChildInfo, Ctx, Signal, StepContext};
 use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
-use crate::kind::OutcomeKind;
+use crate::model::kind::OutcomeKind;
+use crate::model::state::DurableState;
 use crate::options::InsertOptions;
-use crate::state::DurableState;
 pub use crate::transition::KeyChange;
 pub(crate) use crate::transition::{StepRate, Transition};
 use crate::validate;

@@ -29,8 +29,8 @@ mod declaration;
 pub use declaration::{Redeclared, ScheduleDeclaration, StoredSchedule};
 
 use crate::client::Entry;
-use crate::error::{Error, Result};
 use crate::fsm::Fsm;
+use crate::model::error::{Error, Result};
 use crate::runtime::{panic_message, NewInstance};
 use crate::validate::MAX_KEY_BYTES;
 

@@ -10,13 +10,13 @@ use std::pin::Pin;
 use serde_json::Value;
 use sqlx::PgExecutor;
 
-use crate::answers::Cancelled;
 use crate::client::{Client, SignalSend};
-use crate::error::{Error, Result};
 use crate::explain::Explanation;
 use crate::fsm::Fsm;
+use crate::model::answers::Cancelled;
+use crate::model::error::{Error, Result};
+use crate::model::target::Key;
 use crate::options::InsertOptions;
-use crate::target::Key;
 use crate::wait::Wait;
 
 /// An instance on a sharded deployment: its shard's index in the [`ShardedClient`] and

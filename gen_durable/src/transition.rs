@@ -15,8 +15,8 @@
 //!   new concurrency key (it could be someone else's) or tokens (the step must be
 //!   admitted by a claim). The row goes back to the picker instead (`run_ahead.yield`).
 
-use crate::error::Result;
 use crate::gate::{ConcurrencyKey, LimitKey};
+use crate::model::error::Result;
 use crate::validate;
 
 /// What a transition does to the row's concurrency key.

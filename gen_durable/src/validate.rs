@@ -18,9 +18,9 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, Utc};
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
+use crate::model::target::Target;
 use crate::runtime::NewInstance;
-use crate::target::Target;
 use crate::Status;
 
 /// The longest key (partition, unique, dedup, queue), in bytes: well inside a B-tree

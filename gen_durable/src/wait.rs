@@ -18,11 +18,11 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::answers::not_found;
 use crate::client::Client;
-use crate::error::Result;
+use crate::model::answers::not_found;
+use crate::model::error::Result;
+use crate::model::target::Target;
 use crate::store::pg;
-use crate::target::Target;
 use crate::telemetry::Event;
 use crate::{Pooler, Status};
 

@@ -2,9 +2,9 @@
 //! [`Client::migrate_instances`].
 
 use super::Client;
-use crate::answers::Cancelled;
-use crate::error::Result;
 use crate::migrate_instances::{MigrateOptions, MigrationReport};
+use crate::model::answers::Cancelled;
+use crate::model::error::Result;
 use crate::store::pg;
 
 impl Client {

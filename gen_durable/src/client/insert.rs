@@ -9,10 +9,10 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 
 use super::{BoxFut, Client};
-use crate::answers::inserted;
-use crate::error::Result;
 use crate::fsm::Fsm;
 use crate::group_insert::Target as GroupTarget;
+use crate::model::answers::inserted;
+use crate::model::error::Result;
 use crate::options::InsertOptions;
 use crate::registry::FsmEntry;
 use crate::runtime::NewInstance;

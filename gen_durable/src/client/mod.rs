@@ -14,9 +14,9 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
-use crate::clock::Clock;
-use crate::error::Result;
 use crate::group_insert::GroupInsert;
+use crate::model::clock::Clock;
+use crate::model::error::Result;
 use crate::notify::Notifier;
 use crate::pooler::Pooler;
 use crate::registry::Registry;

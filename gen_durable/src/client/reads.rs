@@ -2,11 +2,11 @@
 //! where it is.
 
 use super::Client;
-use crate::answers::not_found;
-use crate::error::Result;
 use crate::explain::{ExplainFacts, Explanation};
+use crate::model::answers::not_found;
+use crate::model::error::Result;
+use crate::model::target::Target;
 use crate::store::pg;
-use crate::target::Target;
 use crate::wait::Wait;
 
 impl Client {

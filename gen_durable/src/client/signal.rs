@@ -6,10 +6,10 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 
 use super::{BoxFut, Client};
-use crate::answers::Delivery;
-use crate::error::Result;
+use crate::model::answers::Delivery;
+use crate::model::error::Result;
+use crate::model::target::Target;
 use crate::store::pg;
-use crate::target::Target;
 
 impl Client {
     /// Starts a signal delivery to an instance, named by its id or by its correlation

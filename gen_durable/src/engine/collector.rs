@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg::{admin, millis, rate_limit};
 use crate::telemetry::{Event, Telemetry};
 

@@ -9,7 +9,7 @@ use crate::engine::listener::{ListenerConfig, WakeListener};
 use crate::engine::reaper::ReaperConfig;
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::timeouts::TimeoutsConfig;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::pooler::Pooler;
 
 /// Per-queue settings.

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::engine::committer::HeldKey;
 use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
-use crate::kind::OutcomeKind;
+use crate::model::kind::OutcomeKind;
 use crate::registry::FsmEntry;
 use crate::runtime::{KeyChange, Outcome, StepInput};
 use crate::store::pg::claim;

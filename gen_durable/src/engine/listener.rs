@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::engine::service::ServiceHandle;
 use crate::engine::shared::Claims;
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::store::pg::{CANCEL_CHANNEL, WAKE_CHANNEL};
 use crate::telemetry::{Event, Telemetry};
 

@@ -21,7 +21,7 @@ use crate::engine::handoff::Handed;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Shared;
 use crate::engine::QueueConfig;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg::{claim, lease, UNIQUE_VIOLATION};
 use crate::telemetry::Event;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg::{lease, millis};
 use crate::telemetry::{Event, Telemetry};
 

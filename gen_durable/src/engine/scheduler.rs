@@ -16,7 +16,7 @@ use futures_util::FutureExt;
 
 use crate::engine::service::Service;
 use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::runtime::panic_message;
 use crate::schedule::{CatchUp, Schedule};
 use crate::store::pg::{insert, schedule as sql};

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::runtime::panic_message;
 
 /// A background service of the engine.

@@ -11,9 +11,9 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
 use crate::engine::committer::CommitterHandle;
-use crate::error::Result;
+use crate::model::clock::Clock;
+use crate::model::error::Result;
 use crate::pooler::{Alone, On, Pooler};
 use crate::registry::Registry;
 use crate::telemetry::Telemetry;
@@ -87,7 +87,7 @@ macro_rules! on_conn {
                 $statement.await?
             };
             conn.finish().await?;
-            Ok::<_, $crate::error::Error>(out)
+            Ok::<_, $crate::model::error::Error>(out)
         }
         .await
     };

@@ -8,7 +8,6 @@ use gen_durable_testkit::TestDb;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use crate::clock::Clock;
 use crate::engine::collector::Collector;
 use crate::engine::config::EngineConfig;
 use crate::engine::heartbeat::Heartbeat;
@@ -17,6 +16,7 @@ use crate::engine::reaper::Reaper;
 use crate::engine::service::Service;
 use crate::engine::shared::{Claims, Db};
 use crate::engine::timeouts::Timeouts;
+use crate::model::clock::Clock;
 use crate::telemetry::{Event, Telemetry};
 
 /// A telemetry that keeps every event.

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg::lease;
 use crate::telemetry::{Event, Telemetry};
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg::bulk::{matching_count, matching_ids, FilterParams};
 use crate::store::pg::control::{self, Reruns};
 use crate::store::pg::millis;

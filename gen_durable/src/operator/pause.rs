@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::store::pg;
 use crate::{validate, Client};
 

@@ -1,6 +1,6 @@
 //! Restarting an instance at a named step: `Client::restart`.
 
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::store::pg;
 use crate::{Client, Status};
 

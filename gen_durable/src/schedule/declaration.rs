@@ -16,7 +16,7 @@ use chrono_tz::Tz;
 use croner::Cron;
 
 use super::{CatchUp, Schedule};
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 
 /// A schedule's declaration as `gd_schedules` stores it: the pattern as written, the time
 /// zone's name and the catch-up policy's name.

@@ -12,7 +12,7 @@ use super::{
     ended, isolable, may_run_again, retryable, CommitReply, CommitRequest, Committer, Verdict,
 };
 use crate::engine::shared::BEGIN_READ_COMMITTED;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::runtime::StepOutput;
 use crate::store::pg::claim::Claimed;
 use crate::store::pg::handoff::{self, Freed};

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// How long after its last announce a node still counts as live: three beats of an
 /// engine announcing every 20 s (its heartbeat, `lease_ttl / 3` = 10 s by default, is

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// The filter, `$1`…`$8`: a NULL parameter matches every row. `$4` is never empty (the
 /// caller passes the statuses its action takes). `$7` is an age in milliseconds before

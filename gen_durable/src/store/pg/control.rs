@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::UNIQUE_VIOLATION;
-use crate::answers::{CancelFound, RetryFound};
-use crate::error::Result;
+use crate::model::answers::{CancelFound, RetryFound};
+use crate::model::error::Result;
 use crate::operator::RestartFound;
 use crate::pooler::On;
 use crate::Status;

@@ -19,7 +19,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// How many pages of `gd_instances` a sample reads (8 kB each): about 4,000 rows of a
 /// typical table, a few milliseconds. A table of at most this many pages is read whole,

@@ -6,10 +6,10 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgExecutor;
 
-use crate::error::Result;
 use crate::explain::{
     ChildState, ExplainFacts, Holder, NodeFacts, EXPLAIN_COUNT_LIMIT, EXPLAIN_LIST_LIMIT,
 };
+use crate::model::error::Result;
 use crate::store::pg::admin::NODE_LIVE_WINDOW_MS;
 use crate::Status;
 

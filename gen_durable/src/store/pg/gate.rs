@@ -3,7 +3,7 @@
 
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// Declares gates `$1` with limits `$2` (parallel arrays): new names are added, a changed
 /// limit is updated (the last declaration wins), an unchanged one is not written. Rows

@@ -8,7 +8,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{FromRow, PgExecutor, Postgres, Row};
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::store::pg::claim::Claimed;
 
 /// Claims into the slots freed by `$6` (rows whose outcome this transaction committed,

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::runtime::NewInstance;
 use crate::store::pg::millis;
 

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 /// Extends every lease this node holds in one statement (buffered and executing rows
 /// alike). Matching on the epoch too means a row that was reaped and re-claimed

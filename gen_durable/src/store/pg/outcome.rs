@@ -12,7 +12,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{FromRow, PgConnection, Postgres, Row};
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::pooler::On;
 use crate::runtime::{NewInstance, Outcome, StepOutput};
 use crate::store::pg::claim::Claimed;
@@ -172,7 +172,7 @@ pub(crate) async fn commit_and_hand_off(
 ) -> Result<(Committed, Vec<(String, Claimed)>)> {
     if needs_transaction(batch) {
         // Its children would be left out: the caller commits it in a transaction instead.
-        return Err(crate::error::Error::CommitFailed {
+        return Err(crate::model::error::Error::CommitFailed {
             id: 0,
             reason: "a batch that spawns children commits in a transaction".into(),
         });

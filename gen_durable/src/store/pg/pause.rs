@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::operator::QueuePause;
 
 /// Pauses queue `$1`. A queue already paused keeps its first `paused_at` and reason (a

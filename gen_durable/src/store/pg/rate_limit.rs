@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::rate_limit::BucketUse;
 
 /// Declares rate limits `$1` with rates `$2` (tokens per second) and bursts `$3`

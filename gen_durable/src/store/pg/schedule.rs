@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::pooler::On;
 use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
 

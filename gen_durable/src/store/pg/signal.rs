@@ -4,9 +4,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgExecutor;
 
-use crate::answers::DeliveryFound;
-use crate::error::Result;
-use crate::target::Target;
+use crate::model::answers::DeliveryFound;
+use crate::model::error::Result;
+use crate::model::target::Target;
 use crate::Status;
 
 /// A delivery in one statement, its `target` row chosen by `$where` (`$1` is the id or

@@ -3,7 +3,7 @@
 
 use sqlx::PgExecutor;
 
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::wait::WaitRow;
 use crate::Status;
 

@@ -15,7 +15,7 @@ mod tests;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor, Row};
 
-use crate::error::Result;
+use crate::model::error::Result;
 
 pub(crate) use rows::{ClaimParams, Claimed, Contended, Pick, Throttled};
 pub(crate) use statement::{body, CLAIM, CLAIM_PLAIN};

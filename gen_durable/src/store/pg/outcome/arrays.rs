@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::Commit;
-use crate::kind::OutcomeKind;
+use crate::model::kind::OutcomeKind;
 use crate::runtime::{Outcome, StepOutput, Transition};
 use crate::store::pg::millis;
 

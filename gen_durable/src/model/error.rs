@@ -1,8 +1,8 @@
 //! The one error type of gen_durable's infrastructure. Step outcomes are values
 //! ([`crate::Step`]), never errors; this enum is for what went wrong around them.
 
-use crate::state::CastError;
-use crate::status::Status;
+use crate::model::state::CastError;
+use crate::model::status::Status;
 
 /// Everything that can go wrong when inserting, signalling or running the engine.
 #[derive(Debug, thiserror::Error)]

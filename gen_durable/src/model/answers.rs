@@ -6,9 +6,9 @@
 //! checks before a write live in `validate` ([`crate::check_signal`],
 //! `NewInstance::validate`) and in [`crate::Registry::new_instance`].
 
-use crate::error::{Error, Result};
-use crate::target::Target;
-use crate::Status;
+use crate::model::error::{Error, Result};
+use crate::model::status::Status;
+use crate::model::target::Target;
 
 /// What a cancel did: see `Client::cancel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
