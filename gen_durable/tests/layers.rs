@@ -1,0 +1,132 @@
+//! The library's layers import only downward: a file of a layer names (`crate::…`) only
+//! its own layer and the layers [`LAYERS`] lists below it. A name the crate root
+//! re-exports (`crate::Status`) counts as the module it comes from. Comments are skipped.
+//!
+//! A layer is a directory of `gen_durable/src/`; the modules not yet moved into one are
+//! not checked. Moving a module into a layer adds it here.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Each layer, bottom first, with the layers it may import.
+const LAYERS: &[(&str, &[&str])] = &[
+    // The contract: imports nothing else of the crate.
+    ("model", &[]),
+];
+
+#[test]
+fn each_layer_imports_only_the_layers_below_it() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let roots = root_reexports(&fs::read_to_string(src.join("lib.rs")).unwrap());
+    let mut upward = Vec::new();
+    let mut files = 0;
+    for (layer, allowed) in LAYERS {
+        for file in rust_files(&src.join(layer)) {
+            files += 1;
+            let text = fs::read_to_string(&file).unwrap();
+            for (line, module) in crate_paths(&text, &roots) {
+                if module != *layer && !allowed.contains(&module.as_str()) {
+                    upward.push(format!(
+                        "{}:{line}: layer {layer} imports crate::{module}",
+                        file.strip_prefix(&src).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        files > 0,
+        "no file found under the layers of {}",
+        src.display()
+    );
+    assert!(
+        upward.is_empty(),
+        "imports that go up or sideways (see tests/layers.rs):\n{}",
+        upward.join("\n")
+    );
+}
+
+/// The rule sees what it must: a path into another module, a grouped import, and a name
+/// re-exported by the crate root all count; a comment does not.
+#[test]
+fn the_scan_resolves_paths_groups_and_root_names() {
+    let roots = root_reexports(
+        "pub use engine::{Engine, EngineBuilder};\npub use model::status::Status;\n",
+    );
+    let text = "use crate::model::error::Result;\nuse crate::{\n    engine,\n    Status,\n};\n\
+                // crate::client::Client in a comment\nfn f() -> crate::Engine { todo!() }\n";
+    let found: Vec<(usize, String)> = crate_paths(text, &roots);
+    let modules: Vec<&str> = found.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(modules, ["model", "engine", "model", "engine"], "{found:?}");
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The names the crate root re-exports, each with the top-level module it comes from.
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for statement in lib.split(';') {
+        let Some(at) = statement.find("pub use ") else {
+            continue;
+        };
+        let path = statement[at + "pub use ".len()..].trim();
+        let Some((module, rest)) = path.split_once("::") else {
+            continue;
+        };
+        let names = rest.rsplit("::").next().unwrap_or(rest);
+        for name in names.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
+            if !name.is_empty() {
+                out.insert(name.to_string(), module.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Each `crate::…` a source names outside comments: (line, top-level module). A grouped
+/// import may span lines.
+fn crate_paths(text: &str, roots: &BTreeMap<String, String>) -> Vec<(usize, String)> {
+    let code: String = text
+        .lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("crate::") {
+        let start = from + at + "crate::".len();
+        let line = code[..start].matches('\n').count() + 1;
+        let rest = &code[start..];
+        let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+            let inner = group.split('}').next().unwrap_or("");
+            inner
+                .split(',')
+                .map(|item| item.trim().split("::").next().unwrap_or("").trim())
+                .collect()
+        } else {
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            vec![&rest[..end]]
+        };
+        for name in names.into_iter().filter(|name| !name.is_empty()) {
+            let module = roots.get(name).map_or(name, String::as_str);
+            out.push((line, module.to_string()));
+        }
+        from = start;
+    }
+    out
+}
