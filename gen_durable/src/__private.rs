@@ -2,14 +2,14 @@
 
 pub use crate::ctx::{Ctx, StepContext};
 pub use crate::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
-pub use crate::gate::ConcurrencyKey;
-pub use crate::gate::LimitKey;
 pub use crate::instance_migration::{apply_path, MigrationEntry};
 pub use crate::job::{JobResult, RetryPolicy};
+pub use crate::model::gate::ConcurrencyKey;
+pub use crate::model::gate::LimitKey;
 pub use crate::model::state::{cast_field, json_kind, CastError, DurableState};
+pub use crate::model::transition::StepRate;
 pub use crate::registry::FsmEntry;
 pub use crate::schedule::{Built, Plan};
-pub use crate::transition::StepRate;
 pub use inventory;
 pub use serde_json;
 pub use serde_json::Value;

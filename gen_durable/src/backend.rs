@@ -9,14 +9,14 @@
 //! and the text of the engine's statements.
 
 pub use crate::explain::{ExplainFacts, NodeFacts};
-pub use crate::gate::ConcurrencyKey;
 pub use crate::model::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
+pub use crate::model::gate::ConcurrencyKey;
+pub use crate::model::validate::{check_signal, check_target};
 pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
 pub use crate::runtime::{
     refused, run_erased, KeyChange, NewInstance, Outcome, StepInput, StepOutput,
 };
 pub use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
-pub use crate::validate::{check_signal, check_target};
 pub use crate::wait::WaitRow;
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's

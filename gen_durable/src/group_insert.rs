@@ -27,10 +27,10 @@ use tokio_util::task::TaskTracker;
 use crate::model::answers::inserted;
 use crate::model::clock::Clock;
 use crate::model::error::{Error, Result};
+use crate::model::insert::NewInstance;
 use crate::notify::Notifier;
 use crate::pool::can_spare;
 use crate::pooler::Pooler;
-use crate::runtime::NewInstance;
 use crate::store::pg::insert::{insert_one, insert_rows};
 
 /// The most rows one grouped statement carries.

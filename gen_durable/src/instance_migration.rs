@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use crate::fsm::Fsm;
 use crate::model::state::DurableState;
+use crate::model::validate;
 use crate::runtime::panic_message;
-use crate::validate;
 
 /// How an instance of [`Migration::From`] (an older version of the same FSM) becomes an
 /// instance of `Self`. Implement it on the new version and mark the impl

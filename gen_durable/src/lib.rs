@@ -73,8 +73,8 @@ mod counts;
 mod ctx;
 mod engine;
 mod explain;
+mod flow;
 mod fsm;
-mod gate;
 mod group_insert;
 mod instance_migration;
 mod job;
@@ -83,18 +83,14 @@ mod migrate_instances;
 mod model;
 mod notify;
 mod operator;
-mod options;
 mod pool;
 mod pooler;
-mod rate_limit;
 mod registry;
 mod runtime;
 mod schedule;
 mod sharded;
 mod store;
 mod telemetry;
-mod transition;
-mod validate;
 mod wait;
 
 #[cfg(feature = "metrics")]
@@ -119,7 +115,6 @@ pub use explain::{
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
-pub use gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use migrate::migrate_schema;
@@ -127,20 +122,21 @@ pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationRep
 pub use model::answers::{Cancelled, Delivery};
 pub use model::clock::Clock;
 pub use model::error::{Error, Result};
+pub use model::gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use model::kind::OutcomeKind;
+pub use model::options::InsertOptions;
+pub use model::rate_limit::{BucketUse, RateLimit};
 pub use model::state::{cast_field, json_kind, CastError, DurableState};
 pub use model::status::Status;
 pub use model::target::{Key, Target};
+pub use model::transition::{StepRate, YieldReason};
+pub use model::validate::{MAX_DELAY, MAX_KEY_BYTES};
 pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
-pub use options::InsertOptions;
 pub use pooler::Pooler;
-pub use rate_limit::{BucketUse, RateLimit};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
 pub use telemetry::{Event, EventHandler};
-pub use transition::{StepRate, YieldReason};
-pub use validate::{MAX_DELAY, MAX_KEY_BYTES};
 pub use wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 
 pub use gen_durable_macros::*;

@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::fsm::Fsm;
 use crate::instance_migration::{apply_path, Migrated, Migration, MigrationEntry};
 use crate::model::error::{Error, Result};
+use crate::model::options::InsertOptions;
 use crate::model::state::{CastError, DurableState};
-use crate::options::InsertOptions;
 use crate::runtime::{run_erased, NewInstance, StepInput, StepOutput, StepRate};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,

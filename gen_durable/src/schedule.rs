@@ -31,8 +31,8 @@ pub use declaration::{Redeclared, ScheduleDeclaration, StoredSchedule};
 use crate::client::Entry;
 use crate::fsm::Fsm;
 use crate::model::error::{Error, Result};
+use crate::model::validate::MAX_KEY_BYTES;
 use crate::runtime::{panic_message, NewInstance};
-use crate::validate::MAX_KEY_BYTES;
 
 /// What a schedule does with fire times that passed while no engine ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -15,8 +15,8 @@ use crate::explain::Explanation;
 use crate::fsm::Fsm;
 use crate::model::answers::Cancelled;
 use crate::model::error::{Error, Result};
+use crate::model::options::InsertOptions;
 use crate::model::target::Key;
-use crate::options::InsertOptions;
 use crate::wait::Wait;
 
 /// An instance on a sharded deployment: its shard's index in the [`ShardedClient`] and

@@ -202,7 +202,7 @@ impl<'c> Wait<'c> {
 
     /// The answer; `resolved` is the id once the target is resolved.
     async fn answer(&self, resolved: &mut Option<i64>) -> Result<Settled> {
-        crate::validate::check_target(&self.target)?;
+        crate::model::validate::check_target(&self.target)?;
         let (pool, pooler) = (self.client.pool(), self.client.pooler());
         // None: no deadline (R4B-5: `Duration::MAX` overflowed the addition).
         let deadline = Instant::now().checked_add(self.timeout);

@@ -3,7 +3,8 @@
 //! re-exports (`crate::Status`) counts as the module it comes from. Comments are skipped.
 //!
 //! A layer is a directory of `gen_durable/src/`; the modules not yet moved into one are
-//! not checked. Moving a module into a layer adds it here.
+//! not checked. Moving a module into a layer adds it here. `$crate::…` in a macro is
+//! resolved where the macro is used, so it is not counted.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     // The contract: imports nothing else of the crate.
     ("model", &[]),
+    // Gates, rate limits (and next, schedules) through a client.
+    ("flow", &["model", "store", "client"]),
 ];
 
 #[test]
@@ -54,7 +57,7 @@ fn the_scan_resolves_paths_groups_and_root_names() {
     let roots = root_reexports(
         "pub use engine::{Engine, EngineBuilder};\npub use model::status::Status;\n",
     );
-    let text = "use crate::model::error::Result;\nuse crate::{\n    engine,\n    Status,\n};\n\
+    let text = "use crate::model::error::Result;\nmacro_rules! m { () => { $crate::engine::X } }\nuse crate::{\n    engine,\n    Status,\n};\n\
                 // crate::client::Client in a comment\nfn f() -> crate::Engine { todo!() }\n";
     let found: Vec<(usize, String)> = crate_paths(text, &roots);
     let modules: Vec<&str> = found.iter().map(|(_, m)| m.as_str()).collect();
@@ -86,6 +89,10 @@ fn root_reexports(lib: &str) -> BTreeMap<String, String> {
         let Some((module, rest)) = path.split_once("::") else {
             continue;
         };
+        if module == "crate" {
+            // The prelude's re-exports of the root's own names.
+            continue;
+        }
         let names = rest.rsplit("::").next().unwrap_or(rest);
         for name in names.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
             if !name.is_empty() {
@@ -108,6 +115,11 @@ fn crate_paths(text: &str, roots: &BTreeMap<String, String>) -> Vec<(usize, Stri
     let mut from = 0;
     while let Some(at) = code[from..].find("crate::") {
         let start = from + at + "crate::".len();
+        from = start;
+        if code[..start - "crate::".len()].ends_with('$') {
+            // `$crate::…` in a macro: resolved where the macro is used.
+            continue;
+        }
         let line = code[..start].matches('\n').count() + 1;
         let rest = &code[start..];
         let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
@@ -126,7 +138,6 @@ fn crate_paths(text: &str, roots: &BTreeMap<String, String>) -> Vec<(usize, Stri
             let module = roots.get(name).map_or(name, String::as_str);
             out.push((line, module.to_string()));
         }
-        from = start;
     }
     out
 }

@@ -13,9 +13,9 @@ use crate::fsm::Fsm;
 use crate::group_insert::Target as GroupTarget;
 use crate::model::answers::inserted;
 use crate::model::error::Result;
-use crate::options::InsertOptions;
+use crate::model::insert::NewInstance;
+use crate::model::options::InsertOptions;
 use crate::registry::FsmEntry;
-use crate::runtime::NewInstance;
 use crate::store::pg;
 
 impl Client {

@@ -54,7 +54,7 @@ impl Client {
     /// ```
     pub async fn explain(&self, target: impl Into<Target>) -> Result<Explanation> {
         let target = target.into();
-        crate::validate::check_target(&target)?;
+        crate::model::validate::check_target(&target)?;
         let db = self.pooler.pool(&self.pool);
         let id = match &target {
             Target::Id(id) => Some(*id),

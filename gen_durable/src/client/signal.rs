@@ -69,8 +69,8 @@ impl SignalSend<'_> {
     }
 
     async fn deliver<'e>(self, db: impl PgExecutor<'e>) -> Result<Delivery> {
-        crate::validate::check_target(&self.target)?;
-        crate::validate::check_signal(
+        crate::model::validate::check_target(&self.target)?;
+        crate::model::validate::check_signal(
             &self.name,
             &self.payload,
             self.dedup_key.as_deref(),

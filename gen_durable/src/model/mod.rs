@@ -6,7 +6,13 @@
 pub(crate) mod answers;
 pub(crate) mod clock;
 pub(crate) mod error;
+pub(crate) mod gate;
+pub(crate) mod insert;
 pub(crate) mod kind;
+pub(crate) mod options;
+pub(crate) mod rate_limit;
 pub(crate) mod state;
 pub(crate) mod status;
 pub(crate) mod target;
+pub(crate) mod transition;
+pub(crate) mod validate;

@@ -13,10 +13,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::model::error::{Error, Result};
+use crate::model::validate;
 use crate::store::pg::bulk::{matching_count, matching_ids, FilterParams};
 use crate::store::pg::control::{self, Reruns};
 use crate::store::pg::millis;
-use crate::{validate, Client, Status};
+use crate::{Client, Status};
 
 /// The most instances one transaction of a bulk action takes.
 pub const BULK_BATCH: i64 = 500;

@@ -4,8 +4,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::model::error::Result;
+use crate::model::validate;
 use crate::store::pg;
-use crate::{validate, Client};
+use crate::Client;
 
 /// A queue an operator paused: no node claims its rows until it is resumed. Rows claimed
 /// before the pause finish their step; parked rows still take signals and time out, and

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use crate::model::error::Result;
-use crate::runtime::NewInstance;
+use crate::model::insert::NewInstance;
 use crate::store::pg::millis;
 
 /// The batch insert, with `$tail` between the rows and `RETURNING` (see [`INSERT`]).

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use crate::model::error::Result;
-use crate::rate_limit::BucketUse;
+use crate::model::rate_limit::BucketUse;
 
 /// Declares rate limits `$1` with rates `$2` (tokens per second) and bursts `$3`
 /// (parallel arrays): new names are added, a changed one is updated (the last declaration

@@ -18,8 +18,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::model::error::{Error, Result};
-use crate::store::pg;
-use crate::{validate, Client};
+use crate::model::validate;
 
 /// The largest limit a gate can have (its slots are a `smallint`).
 pub const MAX_GATE_SIZE: u32 = 32_767;
@@ -149,33 +148,6 @@ pub struct GateUse {
     pub running: i64,
     /// Runnable rows of the key waiting (due or not).
     pub waiting: i64,
-}
-
-impl Client {
-    /// Declares gate `name` with `gate`'s limit, or changes its limit (see [`Gate`] for
-    /// what a change does to rows already running). Returns true if it was written (new
-    /// or changed). Lets a client insert into a gate before any engine declared it.
-    pub async fn set_gate(&self, name: &str, gate: Gate) -> Result<bool> {
-        gate.check(name)?;
-        let gates = [(name.to_string(), gate.size as i32)];
-        let db = self.pooler().pool(self.pool());
-        Ok(pg::gate::declare(db, &gates, self.clock().now_param()).await? > 0)
-    }
-
-    /// Every declared gate with its keys in use, busiest first.
-    pub async fn gates(&self) -> Result<Vec<GateUse>> {
-        let rows = pg::gate::usage(self.pooler().pool(self.pool())).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| GateUse {
-                name: r.name,
-                limit: r.size as u32,
-                key: r.key,
-                running: r.running,
-                waiting: r.waiting,
-            })
-            .collect())
-    }
 }
 
 /// A gate name: 1 to 255 bytes, no NUL.

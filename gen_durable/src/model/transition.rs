@@ -15,9 +15,9 @@
 //!   new concurrency key (it could be someone else's) or tokens (the step must be
 //!   admitted by a claim). The row goes back to the picker instead (`run_ahead.yield`).
 
-use crate::gate::{ConcurrencyKey, LimitKey};
 use crate::model::error::Result;
-use crate::validate;
+use crate::model::gate::{ConcurrencyKey, LimitKey};
+use crate::model::validate;
 
 /// What a transition does to the row's concurrency key.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -109,15 +109,15 @@ impl Transition {
         match &self.key {
             KeyChange::Set(ConcurrencyKey::Partition(k)) => validate::key("partition_key", k)?,
             KeyChange::Set(ConcurrencyKey::Gate(g)) => {
-                crate::gate::gate_name(&g.name)?;
+                crate::model::gate::gate_name(&g.name)?;
                 validate::key("gate key", &g.key)?;
             }
             KeyChange::Keep | KeyChange::Release => {}
         }
         if let Some(r) = &self.rate {
-            crate::gate::gate_name(&r.key.name)?;
+            crate::model::gate::gate_name(&r.key.name)?;
             validate::key("rate limit key", &r.key.key)?;
-            crate::rate_limit::weight(r.weight)?;
+            crate::model::rate_limit::weight(r.weight)?;
         }
         Ok(())
     }

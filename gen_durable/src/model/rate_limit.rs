@@ -35,10 +35,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::gate::gate_name;
 use crate::model::error::{Error, Result};
-use crate::store::pg;
-use crate::Client;
+use crate::model::gate::gate_name;
 
 /// A rate limit's configuration: `count` tokens per `period`, and a burst.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,23 +109,6 @@ pub struct BucketUse {
     /// Tokens now (refilled to the database's now); negative when rows reserved tokens
     /// that are not there yet.
     pub tokens: Option<f64>,
-}
-
-impl Client {
-    /// Declares rate limit `name`, or changes it; true if written (new or changed).
-    /// Lets a client insert rate-limited rows before any engine declared the limit.
-    pub async fn set_rate_limit(&self, name: &str, limit: RateLimit) -> Result<bool> {
-        limit.check(name)?;
-        let limits = [(name.to_string(), limit.per_second(), limit.capacity())];
-        let db = self.pooler().pool(self.pool());
-        Ok(pg::rate_limit::declare(db, &limits, self.clock().now_param()).await? > 0)
-    }
-
-    /// Every declared rate limit with its buckets and their tokens now.
-    pub async fn rate_limits(&self) -> Result<Vec<BucketUse>> {
-        let db = self.pooler().pool(self.pool());
-        pg::rate_limit::buckets(db, self.clock().now_param()).await
-    }
 }
 
 /// A weight a row may carry: finite and positive.

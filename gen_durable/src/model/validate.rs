@@ -19,8 +19,8 @@ use chrono::{DateTime, Datelike, Utc};
 use serde_json::Value;
 
 use crate::model::error::{Error, Result};
+use crate::model::insert::NewInstance;
 use crate::model::target::Target;
-use crate::runtime::NewInstance;
 use crate::Status;
 
 /// The longest key (partition, unique, dedup, queue), in bytes: well inside a B-tree
@@ -240,13 +240,13 @@ impl NewInstance {
             key("partition_key", k)?;
         }
         if let Some(g) = &self.gate {
-            crate::gate::gate_name(g)?;
+            crate::model::gate::gate_name(g)?;
         }
         if let Some((name, k)) = &self.rate_limit {
-            crate::gate::gate_name(name)?;
+            crate::model::gate::gate_name(name)?;
             key("rate limit key", k)?;
         }
-        crate::rate_limit::weight(self.rate_weight)?;
+        crate::model::rate_limit::weight(self.rate_weight)?;
         if let Some(k) = &self.unique_key {
             correlation_key(k)?;
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::gate::ConcurrencyKey;
+use crate::model::gate::ConcurrencyKey;
 use crate::Status;
 
 /// Where and when a new instance runs, and what keeps it unique.
