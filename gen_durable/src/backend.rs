@@ -8,16 +8,16 @@
 //! transaction or connection, the bounded counts behind the dashboard and the metrics,
 //! and the text of the engine's statements.
 
-pub use crate::explain::{ExplainFacts, NodeFacts};
+pub use crate::model::answers::RestartFound;
 pub use crate::model::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
+pub use crate::model::explain::{ExplainFacts, NodeFacts};
 pub use crate::model::gate::ConcurrencyKey;
+pub use crate::model::rows::WaitRow;
+pub use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule};
+pub use crate::model::step::{Outcome, StepOutput};
 pub use crate::model::validate::{check_signal, check_target};
-pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch, RestartFound};
-pub use crate::runtime::{
-    refused, run_erased, KeyChange, NewInstance, Outcome, StepInput, StepOutput,
-};
-pub use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
-pub use crate::wait::WaitRow;
+pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch};
+pub use crate::runtime::{refused, run_erased, KeyChange, NewInstance, StepInput};
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
 /// probes name them (see `gd_audit_prep` and `scripts/audit.sh`).

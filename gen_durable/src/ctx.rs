@@ -4,52 +4,12 @@
 use std::ops::{Deref, DerefMut};
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use crate::fsm::Fsm;
 use crate::model::error::{Error, Result};
-use crate::Status;
-
-/// A signal in an instance's inbox.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Signal {
-    /// Its id: consumption is by id, never by name.
-    pub id: i64,
-    /// Its name.
-    pub name: String,
-    /// Its JSON payload.
-    pub payload: Value,
-    /// Its dedup key, if it was sent with one.
-    pub dedup_key: Option<String>,
-    /// When it was stored (database clock).
-    pub inserted_at: DateTime<Utc>,
-}
-
-impl Signal {
-    /// The payload.
-    pub fn payload(&self) -> &Value {
-        &self.payload
-    }
-}
-
-/// A child instance as its parent sees it after `schedule_children`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChildInfo {
-    /// The child's id.
-    pub id: i64,
-    /// The child's FSM name.
-    pub fsm: String,
-    /// Its status when the parent's step was claimed.
-    pub status: Status,
-    /// Its state.
-    pub state: Value,
-    /// Its result, if `done`.
-    pub result: Option<Value>,
-    /// Its error, if `failed`.
-    pub last_error: Option<String>,
-}
+use crate::model::inbox::{ChildInfo, Signal};
 
 /// Everything a step sees except its typed state. Job handlers receive it directly
 /// (as [`JobCtx`]); FSM steps reach it through [`Ctx`].
@@ -135,7 +95,10 @@ impl StepContext {
                     "ctx.transaction() needs the Postgres engine; the in-memory testkit has no database".into(),
                 )
             })?;
-            self.tx = Some(pool.begin_with(crate::engine::BEGIN_READ_COMMITTED).await?);
+            self.tx = Some(
+                pool.begin_with(crate::store::pg::BEGIN_READ_COMMITTED)
+                    .await?,
+            );
         }
         Ok(self.tx.as_mut().expect("transaction begun above"))
     }

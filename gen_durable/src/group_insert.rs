@@ -28,10 +28,10 @@ use crate::model::answers::inserted;
 use crate::model::clock::Clock;
 use crate::model::error::{Error, Result};
 use crate::model::insert::NewInstance;
-use crate::notify::Notifier;
-use crate::pool::can_spare;
-use crate::pooler::Pooler;
+use crate::store::notify::Notifier;
 use crate::store::pg::insert::{insert_one, insert_rows};
+use crate::store::pool::can_spare;
+use crate::store::pooler::Pooler;
 
 /// The most rows one grouped statement carries.
 const MAX_GROUP: usize = 1_000;

@@ -19,6 +19,7 @@ use std::panic::AssertUnwindSafe;
 use serde_json::Value;
 
 use crate::fsm::Fsm;
+use crate::model::rows::Migrated;
 use crate::model::state::DurableState;
 use crate::model::validate;
 use crate::runtime::panic_message;
@@ -218,17 +219,6 @@ fn transform_of<M: Migration>(state: &Value) -> Result<Value, String> {
         serde_json::to_value(&new).map_err(|e| format!("the new state does not serialize: {e}"))?;
     validate::json("state", &value).map_err(|e| e.to_string())?;
     Ok(value)
-}
-
-/// A row after its migrations: the version it is now at, with its state and step.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Migrated {
-    /// The version the row moved to.
-    pub version: i32,
-    /// Its new state.
-    pub state: Value,
-    /// Its new step.
-    pub step: &'static str,
 }
 
 /// Applies `path` (consecutive migrations, e.g. from [`crate::Registry::path_to`]) to a

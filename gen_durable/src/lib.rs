@@ -72,7 +72,6 @@ mod client;
 mod counts;
 mod ctx;
 mod engine;
-mod explain;
 mod flow;
 mod fsm;
 mod group_insert;
@@ -81,10 +80,7 @@ mod job;
 mod migrate;
 mod migrate_instances;
 mod model;
-mod notify;
 mod operator;
-mod pool;
-mod pooler;
 mod registry;
 mod runtime;
 mod schedule;
@@ -106,36 +102,38 @@ pub use chrono_tz::Tz;
 pub use client::{
     Client, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
-pub use ctx::{ChildInfo, Ctx, JobCtx, Signal, StepContext};
+pub use ctx::{Ctx, JobCtx, StepContext};
 pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain, WakeListener};
-pub use explain::{
-    ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
-    EXPLAIN_LIST_LIMIT,
-};
 pub use fsm::{
     backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
 };
-pub use instance_migration::{Migrated, Migration, MigrationEntry, MigrationError};
+pub use instance_migration::{Migration, MigrationEntry, MigrationError};
 pub use job::{JobError, JobResult, RetryPolicy};
 pub use migrate::migrate_schema;
 pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
 pub use model::answers::{Cancelled, Delivery};
 pub use model::clock::Clock;
 pub use model::error::{Error, Result};
+pub use model::explain::{
+    ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
+    EXPLAIN_LIST_LIMIT,
+};
 pub use model::gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
+pub use model::inbox::{ChildInfo, Signal};
 pub use model::kind::OutcomeKind;
 pub use model::options::InsertOptions;
 pub use model::rate_limit::{BucketUse, RateLimit};
+pub use model::rows::{Migrated, QueuePause};
 pub use model::state::{cast_field, json_kind, CastError, DurableState};
 pub use model::status::Status;
 pub use model::target::{Key, Target};
 pub use model::transition::{StepRate, YieldReason};
 pub use model::validate::{MAX_DELAY, MAX_KEY_BYTES};
-pub use operator::{BulkReport, Filter, QueuePause, BULK_BATCH};
-pub use pooler::Pooler;
+pub use operator::{BulkReport, Filter, BULK_BATCH};
 pub use registry::{FsmEntry, Registry};
 pub use schedule::{fire_key, CatchUp, Schedule};
 pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
+pub use store::pooler::Pooler;
 pub use telemetry::{Event, EventHandler};
 pub use wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 

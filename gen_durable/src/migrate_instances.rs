@@ -12,12 +12,13 @@ use sqlx::PgPool;
 
 use serde_json::Value;
 
-use crate::instance_migration::{apply_path, Migrated, MigrationEntry};
+use crate::instance_migration::{apply_path, MigrationEntry};
 use crate::model::clock::Clock;
 use crate::model::error::{Error, Result};
-use crate::pooler::Pooler;
+use crate::model::rows::Migrated;
 use crate::registry::Registry;
 use crate::store::pg::migration;
+use crate::store::pooler::Pooler;
 
 /// How a bulk migration runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

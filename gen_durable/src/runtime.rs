@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::ctx::{ChildInfo, Ctx, Signal, StepContext};
+use crate::ctx::{Ctx, StepContext};
 use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
+use crate::model::inbox::{ChildInfo, Signal};
 pub use crate::model::insert::NewInstance;
-use crate::model::kind::OutcomeKind;
 use crate::model::state::DurableState;
+use crate::model::step::{Outcome, StepOutput};
 pub use crate::model::transition::KeyChange;
 pub(crate) use crate::model::transition::{StepRate, Transition};
 use crate::model::validate;
-use crate::Status;
 
 /// A claimed instance, as the runner needs it.
 #[derive(Debug)]
@@ -67,30 +67,6 @@ impl StepInput {
     }
 }
 
-/// What a step produced, ready to commit.
-#[derive(Debug)]
-pub struct StepOutput {
-    /// The outcome.
-    pub outcome: Outcome,
-    /// The state to commit.
-    pub state: Value,
-    /// Ids of the signals the step saw in `ctx.awaited()`. A progressing outcome (`next`,
-    /// `schedule_children`) consumes them; an `await` does not count them as news, so a
-    /// step that re-awaits to accumulate parks until a signal it has not seen arrives.
-    pub awaited: Vec<i64>,
-    /// `last_error` to record with the outcome (a `stop` records its reason).
-    pub error: Option<String>,
-    /// The step's own transaction, to commit with the outcome.
-    pub tx: Option<Transaction<'static, Postgres>>,
-    /// A `next` that may continue in the same worker under its claim (run-ahead).
-    pub run_ahead: bool,
-    /// The flow-control options of an outcome that leads to a step: the concurrency key
-    /// and the rate limit from that step on (default: key kept, no limit).
-    pub transition: Transition,
-    /// How long the handler (and `handle`) ran.
-    pub duration: Duration,
-}
-
 impl StepOutput {
     /// A claimed row whose instance migration failed: a `replay` of its unchanged step,
     /// on its old version with its stored state, after `backoff(attempt)`, recording `error`.
@@ -123,73 +99,6 @@ impl StepOutput {
 #[doc(hidden)]
 pub fn refused(err: &crate::Error) -> String {
     format!("the step's outcome was refused by the database, so the instance stops: {err}")
-}
-
-/// A type-erased step outcome.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// Go on at `step`, runnable now.
-    Next {
-        /// Stored name of the next step.
-        step: &'static str,
-    },
-    /// Run the same step again after `delay`.
-    Replay {
-        /// Delay from now.
-        delay: Duration,
-    },
-    /// Park until a signal in `names` (or the timeout), then run `step`.
-    Await {
-        /// Awaited names.
-        names: Vec<String>,
-        /// Step to run on wake.
-        step: &'static str,
-        /// Give up waiting after this long.
-        timeout: Option<Duration>,
-    },
-    /// Insert the children and park until all are terminal, then run `step`.
-    ScheduleChildren {
-        /// The children to insert.
-        children: Vec<NewInstance>,
-        /// Step to run when all are terminal.
-        step: &'static str,
-    },
-    /// Finished.
-    Done {
-        /// The result.
-        result: Value,
-    },
-    /// Failed for good.
-    Stop {
-        /// Recorded as `last_error`.
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// Its kind.
-    pub fn kind(&self) -> OutcomeKind {
-        match self {
-            Outcome::Next { .. } => OutcomeKind::Next,
-            Outcome::Replay { .. } => OutcomeKind::Replay,
-            Outcome::Await { .. } => OutcomeKind::Await,
-            Outcome::ScheduleChildren { .. } => OutcomeKind::ScheduleChildren,
-            Outcome::Done { .. } => OutcomeKind::Done,
-            Outcome::Stop { .. } => OutcomeKind::Stop,
-        }
-    }
-
-    /// The status this outcome leaves the instance in, before signals or children
-    /// can change it (an `await` may still commit as `runnable`).
-    pub fn status(&self) -> Status {
-        match self {
-            Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
-            Outcome::Await { .. } => Status::AwaitingSignal,
-            Outcome::ScheduleChildren { .. } => Status::AwaitingChildren,
-            Outcome::Done { .. } => Status::Done,
-            Outcome::Stop { .. } => Status::Failed,
-        }
-    }
 }
 
 impl Child {

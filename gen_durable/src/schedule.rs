@@ -26,8 +26,6 @@ use croner::Cron;
 mod declaration;
 
 #[doc(hidden)]
-pub use declaration::{Redeclared, ScheduleDeclaration, StoredSchedule};
-
 use crate::client::Entry;
 use crate::fsm::Fsm;
 use crate::model::error::{Error, Result};

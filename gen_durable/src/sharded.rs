@@ -11,10 +11,10 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 
 use crate::client::{Client, SignalSend};
-use crate::explain::Explanation;
 use crate::fsm::Fsm;
 use crate::model::answers::Cancelled;
 use crate::model::error::{Error, Result};
+use crate::model::explain::Explanation;
 use crate::model::options::InsertOptions;
 use crate::model::target::Key;
 use crate::wait::Wait;

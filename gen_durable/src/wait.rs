@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::client::Client;
 use crate::model::answers::not_found;
 use crate::model::error::Result;
+use crate::model::rows::WaitRow;
 use crate::model::target::Target;
 use crate::store::pg;
 use crate::telemetry::Event;
@@ -72,28 +73,6 @@ pub enum Awaiting {
     Signals(Vec<String>),
     /// This many children still live.
     Children(i32),
-}
-
-/// What a wait reads of a row: the testkit builds it from its own rows.
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct WaitRow {
-    /// The instance's id.
-    pub id: i64,
-    /// Its status.
-    pub status: Status,
-    /// Its step.
-    pub step: String,
-    /// Its attempt.
-    pub attempt: i32,
-    /// Its result, once done.
-    pub result: Option<Value>,
-    /// Its last error.
-    pub last_error: Option<String>,
-    /// The signal names it awaits.
-    pub awaits: Vec<String>,
-    /// Its live children.
-    pub children_pending: i32,
 }
 
 impl Settled {

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     // The contract: imports nothing else of the crate.
     ("model", &[]),
+    // Persistence: every statement, the pooler, the shared connection, the wake-ups.
+    ("store", &["model"]),
     // Gates, rate limits (and next, schedules) through a client.
     ("flow", &["model", "store", "client"]),
 ];

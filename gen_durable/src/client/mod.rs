@@ -17,9 +17,9 @@ use tokio_util::task::TaskTracker;
 use crate::group_insert::GroupInsert;
 use crate::model::clock::Clock;
 use crate::model::error::Result;
-use crate::notify::Notifier;
-use crate::pooler::Pooler;
 use crate::registry::Registry;
+use crate::store::notify::Notifier;
+use crate::store::pooler::Pooler;
 use crate::telemetry::{Event, Telemetry};
 use crate::wait::{Waiters, DEFAULT_WAIT_TICK};
 
@@ -91,7 +91,7 @@ impl Client {
             notifier: Notifier::new(
                 pool.clone(),
                 Pooler::None,
-                crate::notify::DEFAULT_WINDOW,
+                crate::store::notify::DEFAULT_WINDOW,
                 tasks.clone(),
             ),
             pool,

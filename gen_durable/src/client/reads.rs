@@ -2,9 +2,9 @@
 //! where it is.
 
 use super::Client;
-use crate::explain::{ExplainFacts, Explanation};
 use crate::model::answers::not_found;
 use crate::model::error::Result;
+use crate::model::explain::{ExplainFacts, Explanation};
 use crate::model::target::Target;
 use crate::store::pg;
 use crate::wait::Wait;

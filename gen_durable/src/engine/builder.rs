@@ -28,10 +28,10 @@ use crate::model::clock::Clock;
 use crate::model::error::{Error, Result};
 use crate::model::gate::Gate;
 use crate::model::rate_limit::RateLimit;
-use crate::notify::Notifier;
-use crate::pooler::Pooler;
 use crate::registry::Registry;
 use crate::schedule::Schedule;
+use crate::store::notify::Notifier;
+use crate::store::pooler::Pooler;
 use crate::telemetry::{Event, EventHandler, Telemetry};
 
 impl EngineBuilder {
@@ -308,7 +308,9 @@ impl EngineBuilder {
                     .cloned()
                     .zip(versions.iter().copied())
                     .collect(),
-                steps: crate::store::pg::admin::steps_by_tag(&registry),
+                steps: crate::store::pg::admin::steps_by_tag(
+                    registry.iter().map(|e| (e.name, e.version, e.steps)),
+                ),
                 queues: queues.iter().map(|(n, _)| n.clone()).collect(),
                 cfg: cfg.heartbeat.clone(),
                 db: db.clone(),

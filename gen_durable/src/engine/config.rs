@@ -10,7 +10,7 @@ use crate::engine::reaper::ReaperConfig;
 use crate::engine::scheduler::SchedulerConfig;
 use crate::engine::timeouts::TimeoutsConfig;
 use crate::model::error::{Error, Result};
-use crate::pooler::Pooler;
+use crate::store::pooler::Pooler;
 
 /// Per-queue settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             node_id: default_node_id(),
-            notify_window: crate::notify::DEFAULT_WINDOW,
+            notify_window: crate::store::notify::DEFAULT_WINDOW,
             committer: CommitterConfig { batch: 512 },
             heartbeat: HeartbeatConfig {
                 lease_ttl: Duration::from_secs(30),

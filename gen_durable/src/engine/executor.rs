@@ -12,8 +12,9 @@ use crate::engine::committer::HeldKey;
 use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::model::kind::OutcomeKind;
+use crate::model::step::Outcome;
 use crate::registry::FsmEntry;
-use crate::runtime::{KeyChange, Outcome, StepInput};
+use crate::runtime::{KeyChange, StepInput};
 use crate::store::pg::claim;
 use crate::telemetry::Event;
 

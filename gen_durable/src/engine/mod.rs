@@ -78,7 +78,6 @@ pub use builder::EngineBuilder;
 pub use config::QueueConfig;
 pub use listener::WakeListener;
 pub use picker::QueueDrain;
-pub(crate) use shared::BEGIN_READ_COMMITTED;
 
 use service::ServiceHandle;
 use shared::Shared;

@@ -15,10 +15,11 @@ use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 
 use crate::engine::service::Service;
-use crate::engine::shared::{Db, BEGIN_READ_COMMITTED};
+use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
 use crate::runtime::panic_message;
 use crate::schedule::{CatchUp, Schedule};
+use crate::store::pg::BEGIN_READ_COMMITTED;
 use crate::store::pg::{insert, schedule as sql};
 use crate::telemetry::{Event, Telemetry};
 

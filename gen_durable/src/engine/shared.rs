@@ -14,8 +14,9 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::committer::CommitterHandle;
 use crate::model::clock::Clock;
 use crate::model::error::Result;
-use crate::pooler::{Alone, On, Pooler};
 use crate::registry::Registry;
+use crate::store::pg::BEGIN_READ_COMMITTED;
+use crate::store::pooler::{Alone, On, Pooler};
 use crate::telemetry::Telemetry;
 
 /// The engine's way to the database: its pool, its clock (`$now` of every statement),
@@ -93,12 +94,6 @@ macro_rules! on_conn {
     };
 }
 pub(crate) use on_conn;
-
-/// Begins a READ COMMITTED transaction and takes its first snapshot, in one round trip.
-/// The snapshot makes a later `SET TRANSACTION ISOLATION LEVEL` fail at once, with
-/// PostgreSQL's "must be called before any query" (see `ctx.transaction()`).
-pub(crate) const BEGIN_READ_COMMITTED: &str =
-    "/* gd:begin */ BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
 
 /// See [`Db::conn`]; finish it with [`StatementConn::finish`].
 #[derive(Debug)]

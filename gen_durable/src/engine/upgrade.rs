@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use crate::engine::shared::Shared;
+use crate::model::step::StepOutput;
 use crate::registry::FsmEntry;
-use crate::runtime::StepOutput;
 use crate::store::pg::{claim, migration};
 use crate::telemetry::Event;
 
@@ -82,7 +82,7 @@ pub(crate) async fn upgrade(
             });
             let output = StepOutput::migration_failed(row.state, error, row.attempt);
             let delay = match &output.outcome {
-                crate::runtime::Outcome::Replay { delay } => Some(*delay),
+                crate::model::step::Outcome::Replay { delay } => Some(*delay),
                 _ => None,
             };
             match shared

@@ -162,6 +162,78 @@ pub fn inserted(id: Option<i64>, unique_key: Option<&str>) -> Result<i64> {
     })
 }
 
+/// What a store found when it restarted an instance (see `Client::restart`).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartFound {
+    /// No such instance.
+    NotFound,
+    /// Executing: its node runs a step of it right now.
+    Executing,
+    /// It has live children, which its restarted steps would not count.
+    LiveChildren(Status),
+    /// A finished child whose parent no longer waits for its children.
+    ParentMovedOn {
+        /// The parent's id.
+        parent: i64,
+        /// The parent's status.
+        status: Status,
+    },
+    /// Its unique key is held by another instance.
+    KeyTaken,
+    /// Its FSM version changed (an instance migration) after its step was checked.
+    VersionChanged {
+        /// The version the step was checked against.
+        from: i32,
+        /// Its version now.
+        to: i32,
+    },
+    /// Runnable now at the step.
+    Restarted,
+}
+
+impl RestartFound {
+    /// What a store found, from the instance's status, whether it was restarted, its live
+    /// children, and its parent with the parent's status (if it has a stored parent).
+    pub fn of(status: Status, restarted: bool, live: i32, parent: Option<(i64, Status)>) -> Self {
+        match (status, parent) {
+            _ if restarted => RestartFound::Restarted,
+            (Status::Executing, _) => RestartFound::Executing,
+            (st, _) if live > 0 => RestartFound::LiveChildren(st),
+            (_, Some((parent, status))) => RestartFound::ParentMovedOn { parent, status },
+            // Not reached: any other status is restarted.
+            (_, None) => RestartFound::Executing,
+        }
+    }
+
+    /// The caller's answer for instance `id`.
+    pub fn answer(self, id: i64) -> Result<()> {
+        match self {
+            RestartFound::NotFound => Err(Error::NotFound { id }),
+            RestartFound::Restarted => Ok(()),
+            RestartFound::Executing => Err(Error::WrongStatus {
+                id,
+                status: Status::Executing,
+                what: "a step of it is running: restart it once the step has ended (cancel it first to stop it)",
+            }),
+            RestartFound::LiveChildren(status) => Err(Error::WrongStatus {
+                id,
+                status,
+                what: "it has live children, which a restart would leave uncounted: cancel it (which cancels them) and restart it once they have ended",
+            }),
+            RestartFound::ParentMovedOn { parent, status } => Err(Error::ParentMovedOn {
+                id,
+                parent,
+                status,
+            }),
+            RestartFound::KeyTaken => Err(Error::Duplicate {
+                key: format!("(the unique key of instance {id})"),
+            }),
+            RestartFound::VersionChanged { from, to } => Err(Error::VersionChanged { id, from, to }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,5 +269,27 @@ mod tests {
     fn a_retry_whose_key_was_taken_names_the_instance() {
         let e = RetryFound::KeyTaken.answer(3).unwrap_err();
         assert!(matches!(e, Error::Duplicate { key } if key.contains("instance 3")));
+    }
+
+    /// Each refusal is a typed error: the status a restart found, or the versions an
+    /// instance migration moved the row between.
+    #[test]
+    fn a_refused_restart_answers_with_typed_values() {
+        assert!(matches!(
+            RestartFound::LiveChildren(Status::AwaitingChildren).answer(7),
+            Err(Error::WrongStatus {
+                id: 7,
+                status: Status::AwaitingChildren,
+                ..
+            })
+        ));
+        assert!(matches!(
+            RestartFound::VersionChanged { from: 1, to: 2 }.answer(7),
+            Err(Error::VersionChanged {
+                id: 7,
+                from: 1,
+                to: 2
+            })
+        ));
     }
 }

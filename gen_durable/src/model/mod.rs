@@ -6,13 +6,17 @@
 pub(crate) mod answers;
 pub(crate) mod clock;
 pub(crate) mod error;
+pub(crate) mod explain;
 pub(crate) mod gate;
+pub(crate) mod inbox;
 pub(crate) mod insert;
 pub(crate) mod kind;
 pub(crate) mod options;
 pub(crate) mod rate_limit;
+pub(crate) mod rows;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod step;
 pub(crate) mod target;
 pub(crate) mod transition;
 pub(crate) mod validate;

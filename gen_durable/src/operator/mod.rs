@@ -8,5 +8,5 @@ mod pause;
 mod restart;
 
 pub use bulk::{BulkAction, BulkReport, Filter, FilterMatch, BULK_BATCH};
-pub use pause::{check_queue, QueuePause};
-pub use restart::{check_restart_step, RestartFound};
+pub use pause::check_queue;
+pub use restart::check_restart_step;

@@ -1,25 +1,10 @@
 //! Pausing a queue cluster-wide: `Client::pause_queue`, `resume_queue`, `paused_queues`.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
-
 use crate::model::error::Result;
+use crate::model::rows::QueuePause;
 use crate::model::validate;
 use crate::store::pg;
 use crate::Client;
-
-/// A queue an operator paused: no node claims its rows until it is resumed. Rows claimed
-/// before the pause finish their step; parked rows still take signals and time out, and
-/// become runnable rows that wait for the resume.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
-pub struct QueuePause {
-    /// The queue.
-    pub queue: String,
-    /// When it was paused (by the clock of the call that paused it).
-    pub paused_at: DateTime<Utc>,
-    /// Why, as the operator who paused it said.
-    pub reason: Option<String>,
-}
 
 /// Checks a queue name (not empty, a key PostgreSQL can store) and a pause's reason (no
 /// NUL): the client's and the testkit's check.

@@ -17,42 +17,7 @@ use croner::Cron;
 
 use super::{CatchUp, Schedule};
 use crate::model::error::{Error, Result};
-
-/// A schedule's declaration as `gd_schedules` stores it: the pattern as written, the time
-/// zone's name and the catch-up policy's name.
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduleDeclaration {
-    /// `gd_schedules.pattern`.
-    pub pattern: String,
-    /// `gd_schedules.timezone`: an IANA name such as `Europe/Paris`.
-    pub timezone: String,
-    /// `gd_schedules.catch_up`: see [`CatchUp::as_str`].
-    pub catch_up: String,
-}
-
-/// What `gd_schedules` holds of a schedule when a node declares it.
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredSchedule {
-    /// The stored declaration.
-    pub declaration: ScheduleDeclaration,
-    /// The earliest fire time not handled yet; `None` when the stored pattern has no fire
-    /// time ahead (an older version stored a pattern that never fires).
-    pub next_fire: Option<DateTime<Utc>>,
-    /// The newest fire time an instance was inserted for.
-    pub last_fire: Option<DateTime<Utc>>,
-}
-
-/// The stored row after a declaration replaced it (see [`Schedule::redeclare`]).
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Redeclared {
-    /// The new next fire time.
-    pub next: Option<DateTime<Utc>>,
-    /// The stored declaration's fire times that were due and are left out.
-    pub skipped: usize,
-}
+use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule};
 
 impl Schedule {
     /// This schedule's declaration, as `gd_schedules` stores it.

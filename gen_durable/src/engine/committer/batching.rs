@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{CommitRequest, Committer};
-use crate::pool::can_spare;
+use crate::store::pool::can_spare;
 
 /// Commits running at once. A second starts beside the first only for a batch of at
 /// least [`BESIDE`] outcomes, so that batches stay large while the commit path keeps

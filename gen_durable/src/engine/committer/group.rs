@@ -11,12 +11,12 @@ use super::batching::{Held, MAX_DEFERRALS};
 use super::{
     ended, isolable, may_run_again, retryable, CommitReply, CommitRequest, Committer, Verdict,
 };
-use crate::engine::shared::BEGIN_READ_COMMITTED;
 use crate::model::error::{Error, Result};
-use crate::runtime::StepOutput;
+use crate::model::step::StepOutput;
 use crate::store::pg::claim::Claimed;
 use crate::store::pg::handoff::{self, Freed};
 use crate::store::pg::outcome::{self, Commit, Committed};
+use crate::store::pg::BEGIN_READ_COMMITTED;
 use crate::telemetry::Event;
 
 impl Committer {

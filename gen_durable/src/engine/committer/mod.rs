@@ -43,8 +43,8 @@ use crate::engine::service::ServiceHandle;
 use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
 use crate::model::kind::OutcomeKind;
-use crate::notify::Notifier;
-use crate::runtime::StepOutput;
+use crate::model::step::StepOutput;
+use crate::store::notify::Notifier;
 use crate::store::pg::outcome::Committed;
 use crate::telemetry::Telemetry;
 

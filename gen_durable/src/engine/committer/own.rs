@@ -8,7 +8,7 @@ use sqlx::Connection;
 use super::batching::{defer_delay, MAX_DEFERRALS};
 use super::{ended, may_run_again, CommitReply, Committer, HeldKey};
 use crate::model::error::{Error, Result};
-use crate::runtime::StepOutput;
+use crate::model::step::StepOutput;
 use crate::store::pg::handoff;
 use crate::store::pg::outcome::{self, Commit};
 use crate::telemetry::Event;

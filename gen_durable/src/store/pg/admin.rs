@@ -123,12 +123,13 @@ pub async fn announce<'e>(
     Ok(())
 }
 
-/// The step names of every FSM version of `registry`, by [`fsm_tag`]: what a node
-/// announces in `gd_nodes.steps` for `Client::restart` to check a step against.
-pub(crate) fn steps_by_tag(registry: &crate::Registry) -> Value {
-    registry
-        .iter()
-        .map(|e| (fsm_tag(e.name, e.version), Value::from(e.steps.to_vec())))
+/// The step names of each FSM version `(name, version, steps)`, by [`fsm_tag`]: what a
+/// node announces in `gd_nodes.steps` for `Client::restart` to check a step against.
+pub(crate) fn steps_by_tag<'a>(
+    fsms: impl IntoIterator<Item = (&'a str, i32, &'a [&'a str])>,
+) -> Value {
+    fsms.into_iter()
+        .map(|(name, version, steps)| (fsm_tag(name, version), Value::from(steps.to_vec())))
         .collect::<serde_json::Map<_, _>>()
         .into()
 }

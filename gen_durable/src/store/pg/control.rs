@@ -10,10 +10,10 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::UNIQUE_VIOLATION;
+use crate::model::answers::RestartFound;
 use crate::model::answers::{CancelFound, RetryFound};
 use crate::model::error::Result;
-use crate::operator::RestartFound;
-use crate::pooler::On;
+use crate::store::pooler::On;
 use crate::Status;
 
 /// The end of a `refund` CTE of (`rate_limit`, `rate_key`, `w`) rows `r`, in key order:
@@ -406,7 +406,7 @@ pub(crate) async fn steps_of<'e>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pooler::Pooler;
+    use crate::store::pooler::Pooler;
     use gen_durable_testkit::TestDb;
 
     /// A restart checked against one version does not move a row an instance migration

@@ -1,15 +1,15 @@
 //! What `Client::explain` reads: one instance and the evidence of every reason it could be
 //! where it is, in one statement (one snapshot: a row and its evidence read apart could
-//! disagree). `crate::explain` decides the reason from it.
+//! disagree). `crate::model::explain` decides the reason from it.
 
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::PgExecutor;
 
-use crate::explain::{
+use crate::model::error::Result;
+use crate::model::explain::{
     ChildState, ExplainFacts, Holder, NodeFacts, EXPLAIN_COUNT_LIMIT, EXPLAIN_LIST_LIMIT,
 };
-use crate::model::error::Result;
 use crate::store::pg::admin::NODE_LIVE_WINDOW_MS;
 use crate::Status;
 

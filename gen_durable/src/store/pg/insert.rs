@@ -55,7 +55,7 @@ FROM ins
 /// whose key is occupied (by a stored row or an earlier row of the same batch) is
 /// dropped by `ON CONFLICT … DO NOTHING` on the partial unique index over
 /// `unique_guard`. One `pg_notify` per distinct queue of the rows that are runnable now,
-/// among the queues in `$15` (the caller's [`crate::notify::Notifier`] coalesces them).
+/// among the queues in `$15` (the caller's [`crate::store::notify::Notifier`] coalesces them).
 /// Times count from the statement's start, not its transaction's: children inserted by a
 /// step's own transaction, or rows by a caller's long one, are delayed from when they
 /// are inserted.

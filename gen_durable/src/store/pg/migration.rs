@@ -13,8 +13,8 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::PgExecutor;
 
-use crate::instance_migration::Migrated;
 use crate::model::error::Result;
+use crate::model::rows::Migrated;
 
 /// Moves a claimed row to `$3` with its new state and step, fenced by the claim: a row
 /// reaped (and perhaps claimed elsewhere) meanwhile is not touched. Attempt, awaits,

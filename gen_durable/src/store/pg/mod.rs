@@ -132,6 +132,12 @@ pub(crate) async fn until_waiting_on_a_lock(db: &sqlx::PgPool, pid: i32, what: &
     }
 }
 
+/// Begins a READ COMMITTED transaction and takes its first snapshot, in one round trip.
+/// The snapshot makes a later `SET TRANSACTION ISOLATION LEVEL` fail at once, with
+/// PostgreSQL's "must be called before any query" (see `ctx.transaction()`).
+pub(crate) const BEGIN_READ_COMMITTED: &str =
+    "/* gd:begin */ BEGIN ISOLATION LEVEL READ COMMITTED; SELECT";
+
 #[cfg(test)]
 mod tests {
     /// The statements of this module, as written: every `const NAME: &str` of each file.
@@ -165,7 +171,7 @@ mod tests {
         for (name, _, sql) in super::prepared() {
             assert!(sql.starts_with("/* gd:"), "{name}");
         }
-        assert!(crate::engine::BEGIN_READ_COMMITTED.starts_with("/* gd:begin */"));
+        assert!(super::BEGIN_READ_COMMITTED.starts_with("/* gd:begin */"));
         for sql in [super::signal::DELIVER, super::signal::DELIVER_BY_KEY] {
             assert!(sql.starts_with("/* gd:signal */"), "{sql}");
         }

@@ -13,11 +13,12 @@ use sqlx::query::Query;
 use sqlx::{FromRow, PgConnection, Postgres, Row};
 
 use crate::model::error::Result;
-use crate::pooler::On;
-use crate::runtime::{NewInstance, Outcome, StepOutput};
+use crate::model::insert::NewInstance;
+use crate::model::step::{Outcome, StepOutput};
 use crate::store::pg::claim::Claimed;
 use crate::store::pg::handoff::{self, Freed, HandoffParams};
 use crate::store::pg::insert::{gate_error, insert_with_parents};
+use crate::store::pooler::On;
 use arrays::Arrays;
 
 /// Only for a batch that spawns children, in its own transaction, before the children

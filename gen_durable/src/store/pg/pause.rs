@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use crate::model::error::Result;
-use crate::operator::QueuePause;
+use crate::model::rows::QueuePause;
 
 /// Pauses queue `$1`. A queue already paused keeps its first `paused_at` and reason (a
 /// pause is idempotent, and the first operator's reason is the one that explains it);

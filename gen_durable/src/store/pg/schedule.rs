@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use crate::model::error::Result;
-use crate::pooler::On;
-use crate::schedule::{Redeclared, ScheduleDeclaration, StoredSchedule};
+use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule};
+use crate::store::pooler::On;
 
 /// The transaction's time: the manual clock's, else the statement's start.
 pub(super) const NOW: &str = "/* gd:schedule */ SELECT coalesce($1, statement_timestamp())";

@@ -89,7 +89,7 @@ pub(crate) async fn deliver<'e>(
 }
 
 /// A bare wake-up for one queue, outside any other statement: the trailing edge of a
-/// coalesced burst (see `crate::notify`).
+/// coalesced burst (see `crate::store::notify`).
 const NOTIFY_QUEUE: &str = "/* gd:notify */ SELECT pg_notify('gd_wake', $1)";
 
 pub(crate) async fn notify_queue<'e>(db: impl PgExecutor<'e>, queue: &str) -> Result<()> {

@@ -4,7 +4,7 @@
 use sqlx::PgExecutor;
 
 use crate::model::error::Result;
-use crate::wait::WaitRow;
+use crate::model::rows::WaitRow;
 use crate::Status;
 
 /// The columns a wait answers from.

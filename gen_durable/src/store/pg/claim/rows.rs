@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
 
-use crate::ctx::{ChildInfo, Signal};
+use crate::model::inbox::{ChildInfo, Signal};
 
 /// One claimed row with its inbox and children.
 #[derive(Debug, sqlx::FromRow)]

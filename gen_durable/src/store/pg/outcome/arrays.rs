@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use super::Commit;
 use crate::model::kind::OutcomeKind;
-use crate::runtime::{Outcome, StepOutput, Transition};
+use crate::model::step::{Outcome, StepOutput};
+use crate::model::transition::Transition;
 use crate::store::pg::millis;
 
 /// The commit function's parameters: one array per column of the outcome table, in the
@@ -34,7 +35,7 @@ pub(super) struct Arrays<'x> {
     pub(super) moves: Option<Moves>,
 }
 
-/// The per-transition columns (see [`crate::runtime::Transition`]), one element per outcome.
+/// The per-transition columns (see [`crate::model::transition::Transition`]), one element per outcome.
 #[derive(Debug, Default)]
 pub(super) struct Moves {
     pub(super) keyed: Vec<bool>,

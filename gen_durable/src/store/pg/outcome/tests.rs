@@ -2,7 +2,7 @@
 //! and the hand-off of gate slots in the same statement.
 
 use super::*;
-use crate::runtime::Transition;
+use crate::model::transition::Transition;
 
 #[test]
 fn a_stale_outcome_never_shares_a_call_with_the_newer_claims() {

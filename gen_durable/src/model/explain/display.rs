@@ -373,7 +373,7 @@ fn shorten(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::explain::Count;
+    use crate::model::explain::Count;
     use crate::Status;
     use chrono::{TimeZone, Utc};
 

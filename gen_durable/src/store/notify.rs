@@ -16,8 +16,8 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::pooler::Pooler;
 use crate::store::pg::signal::notify_queue;
+use crate::store::pooler::Pooler;
 
 /// The default window: at most one notification per queue per 20 ms from one client
 /// or engine.
