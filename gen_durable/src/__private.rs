@@ -1,15 +1,15 @@
 //! Re-exports that only macro-generated code uses. Not a public API.
 
-pub use crate::ctx::{Ctx, StepContext};
-pub use crate::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
-pub use crate::instance_migration::{apply_path, MigrationEntry};
-pub use crate::job::{JobResult, RetryPolicy};
+pub use crate::flow::schedule::{Built, Plan};
 pub use crate::model::gate::ConcurrencyKey;
 pub use crate::model::gate::LimitKey;
 pub use crate::model::state::{cast_field, json_kind, CastError, DurableState};
 pub use crate::model::transition::StepRate;
-pub use crate::registry::FsmEntry;
-pub use crate::schedule::{Built, Plan};
+pub use crate::runtime::ctx::{Ctx, StepContext};
+pub use crate::runtime::fsm::{Fsm, Step, StepError, StepFuture, StepResult};
+pub use crate::runtime::instance_migration::{apply_path, MigrationEntry};
+pub use crate::runtime::job::{JobResult, RetryPolicy};
+pub use crate::runtime::registry::FsmEntry;
 pub use inventory;
 pub use serde_json;
 pub use serde_json::Value;

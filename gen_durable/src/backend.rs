@@ -16,7 +16,7 @@ pub use crate::model::rows::WaitRow;
 pub use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule};
 pub use crate::model::step::{Outcome, StepOutput};
 pub use crate::model::validate::{check_signal, check_target};
-pub use crate::operator::{check_queue, check_restart_step, BulkAction, FilterMatch};
+pub use crate::ops::{check_queue, check_restart_step, BulkAction, FilterMatch};
 pub use crate::runtime::{refused, run_erased, KeyChange, NewInstance, StepInput};
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
@@ -29,7 +29,7 @@ pub use crate::store::pg::millis;
 
 /// The schema migrations this build embeds: how many there are.
 pub mod schema {
-    pub use crate::migrate::embedded;
+    pub use crate::ops::schema::embedded;
 }
 
 /// Node announcements, the clock of the database and the collector's delete.
@@ -63,7 +63,7 @@ pub mod wait {
 /// and the statements behind them.
 #[cfg(feature = "metrics")]
 pub mod counts {
-    pub use crate::counts::{queue_counts, Counts, Figure, QueueCounts};
+    pub use crate::ops::counts::{queue_counts, Counts, Figure, QueueCounts};
     pub use crate::store::pg::counts::{
         sample_percent, table_pages, EXECUTING, LANES, SAMPLE_BY_QUEUE, TABLE_PAGES,
     };

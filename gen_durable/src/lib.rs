@@ -68,29 +68,17 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod client;
-#[cfg(feature = "metrics")]
-mod counts;
-mod ctx;
 mod engine;
 mod flow;
-mod fsm;
-mod group_insert;
-mod instance_migration;
-mod job;
-mod migrate;
-mod migrate_instances;
 mod model;
-mod operator;
-mod registry;
+mod ops;
 mod runtime;
-mod schedule;
-mod sharded;
 mod store;
 mod telemetry;
-mod wait;
 
+// Prometheus metrics (feature `metrics`).
 #[cfg(feature = "metrics")]
-pub mod metrics;
+pub use ops::metrics;
 
 // Not part of the stable API: the door for gen_durable_ops and gen_durable_testkit.
 #[doc(hidden)]
@@ -99,18 +87,13 @@ pub mod backend;
 /// A time zone for [`Schedule::with_timezone`] (`chrono_tz::Tz`): `Tz::Europe__Paris`, or
 /// `"Europe/Paris".parse::<Tz>()`.
 pub use chrono_tz::Tz;
+pub use client::sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
+pub use client::wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 pub use client::{
     Client, Entry, Insert, InsertAll, InsertJson, SignalSend, DEFAULT_MAX_SIGNAL_PAYLOAD,
 };
-pub use ctx::{Ctx, JobCtx, StepContext};
 pub use engine::{DrainReport, Engine, EngineBuilder, QueueConfig, QueueDrain, WakeListener};
-pub use fsm::{
-    backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
-};
-pub use instance_migration::{Migration, MigrationEntry, MigrationError};
-pub use job::{JobError, JobResult, RetryPolicy};
-pub use migrate::migrate_schema;
-pub use migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
+pub use flow::schedule::{fire_key, CatchUp, Schedule};
 pub use model::answers::{Cancelled, Delivery};
 pub use model::clock::Clock;
 pub use model::error::{Error, Result};
@@ -129,13 +112,18 @@ pub use model::status::Status;
 pub use model::target::{Key, Target};
 pub use model::transition::{StepRate, YieldReason};
 pub use model::validate::{MAX_DELAY, MAX_KEY_BYTES};
-pub use operator::{BulkReport, Filter, BULK_BATCH};
-pub use registry::{FsmEntry, Registry};
-pub use schedule::{fire_key, CatchUp, Schedule};
-pub use sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
+pub use ops::migrate_instances::{BatchOutcome, BulkPass, MigrateOptions, MigrationReport};
+pub use ops::schema::migrate_schema;
+pub use ops::{BulkReport, Filter, BULK_BATCH};
+pub use runtime::ctx::{Ctx, JobCtx, StepContext};
+pub use runtime::fsm::{
+    backoff, backoff_capped, Child, Fsm, Step, StepError, StepErrorKind, StepFuture, StepResult,
+};
+pub use runtime::instance_migration::{Migration, MigrationEntry, MigrationError};
+pub use runtime::job::{JobError, JobResult, RetryPolicy};
+pub use runtime::registry::{FsmEntry, Registry};
 pub use store::pooler::Pooler;
 pub use telemetry::{Event, EventHandler};
-pub use wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 
 pub use gen_durable_macros::*;
 

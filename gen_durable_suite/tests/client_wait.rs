@@ -155,7 +155,7 @@ async fn until(conn: &mut sqlx::PgConnection, what: &str, sql: &str) {
 /// The engine runs in another process (`gd_worker`): this client waits by key, without an
 /// engine of its own, and its probe sees the other process's commit — promptly.
 ///
-/// The latency bound. In `gen_durable/src/wait.rs`, `DEFAULT_WAIT_TICK` is 25 ms (the
+/// The latency bound. In `gen_durable/src/client/wait.rs`, `DEFAULT_WAIT_TICK` is 25 ms (the
 /// probe's `SELECT … WHERE id = ANY($1)` runs once a tick while someone waits) and a
 /// waiter re-reads its row every `RECHECK_TICKS` = 40 ticks, 1 s, whatever the probe
 /// does. So the worker's last step is held at a lock until the wait is in place and its

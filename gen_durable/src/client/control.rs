@@ -1,8 +1,6 @@
-//! The operator actions on instances: [`Client::cancel`], [`Client::retry`] and
-//! [`Client::migrate_instances`].
+//! The operator actions on instances: [`Client::cancel`] and [`Client::retry`].
 
 use super::Client;
-use crate::migrate_instances::{MigrateOptions, MigrationReport};
 use crate::model::answers::Cancelled;
 use crate::model::error::Result;
 use crate::store::pg;
@@ -16,33 +14,8 @@ impl Client {
         let conn = self.pooler.on(&mut *tx);
         let found = pg::control::cancel(conn, id, self.clock.now_param()).await?;
         tx.commit().await?;
-        crate::wait::wake(id);
+        crate::client::wait::wake(id);
         found.answer(id)
-    }
-
-    /// Moves the live rows of FSM `fsm` below version `to` that are not executing to
-    /// version `to`, with the [`crate::Migration`]s of this client's registry (the linked
-    /// ones unless [`Client::with_registry`]), in short batches that never block the engine.
-    /// A row whose transform fails stays on its version with the error in `last_error`;
-    /// executing rows are left to their node. Every chain is checked before anything is
-    /// written: with none from a version some row is at, the answer is
-    /// [`crate::Error::NoMigration`] and nothing changes. See [`MigrateOptions`] for a dry run.
-    pub async fn migrate_instances(
-        &self,
-        fsm: &str,
-        to: i32,
-        opts: MigrateOptions,
-    ) -> Result<MigrationReport> {
-        crate::migrate_instances::run(
-            &self.pool,
-            self.pooler,
-            &self.clock,
-            &self.registry,
-            fsm,
-            to,
-            opts,
-        )
-        .await
     }
 
     /// Makes a `failed` instance run again at the step it failed in, with `attempt` 0.

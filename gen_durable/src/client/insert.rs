@@ -9,13 +9,13 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 
 use super::{BoxFut, Client};
-use crate::fsm::Fsm;
-use crate::group_insert::Target as GroupTarget;
+use crate::client::group_insert::Target as GroupTarget;
 use crate::model::answers::inserted;
 use crate::model::error::Result;
 use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
-use crate::registry::FsmEntry;
+use crate::runtime::fsm::Fsm;
+use crate::runtime::registry::FsmEntry;
 use crate::store::pg;
 
 impl Client {
@@ -73,7 +73,7 @@ impl Client {
     }
 
     /// An awaited insert: grouped with the client's other awaited inserts unless it has a
-    /// unique key (see [`crate::group_insert`]).
+    /// unique key (see [`crate::client::group_insert`]).
     async fn insert_awaited(&self, row: NewInstance) -> Result<i64> {
         if row.unique_key.is_some() {
             return self.insert_one(self.pooler.pool(&self.pool), row).await;

@@ -14,14 +14,14 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::task::TaskTracker;
 
-use crate::group_insert::GroupInsert;
+use crate::client::group_insert::GroupInsert;
+use crate::client::wait::{Waiters, DEFAULT_WAIT_TICK};
 use crate::model::clock::Clock;
 use crate::model::error::Result;
-use crate::registry::Registry;
+use crate::runtime::registry::Registry;
 use crate::store::notify::Notifier;
 use crate::store::pooler::Pooler;
 use crate::telemetry::{Event, Telemetry};
-use crate::wait::{Waiters, DEFAULT_WAIT_TICK};
 
 /// Default limit on a signal payload's JSON size: 1 MiB.
 pub const DEFAULT_MAX_SIGNAL_PAYLOAD: usize = 1 << 20;
@@ -43,9 +43,12 @@ macro_rules! into_future_on_pool {
 }
 
 mod control;
+pub(crate) mod group_insert;
 mod insert;
 mod reads;
+pub(crate) mod sharded;
 mod signal;
+pub(crate) mod wait;
 
 pub use insert::{Entry, Insert, InsertAll, InsertJson};
 pub use signal::SignalSend;

@@ -2,12 +2,12 @@
 //! where it is.
 
 use super::Client;
+use crate::client::wait::Wait;
 use crate::model::answers::not_found;
 use crate::model::error::Result;
 use crate::model::explain::{ExplainFacts, Explanation};
 use crate::model::target::Target;
 use crate::store::pg;
-use crate::wait::Wait;
 
 impl Client {
     /// Waits for an instance, named by id or by key, to settle: `done`, `failed`, or

@@ -13,7 +13,7 @@ use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::model::kind::OutcomeKind;
 use crate::model::step::Outcome;
-use crate::registry::FsmEntry;
+use crate::runtime::registry::FsmEntry;
 use crate::runtime::{KeyChange, StepInput};
 use crate::store::pg::claim;
 use crate::telemetry::Event;
@@ -173,7 +173,7 @@ async fn run_chain(
                     kind,
                 });
                 if !matches!(kind, OutcomeKind::Next | OutcomeKind::Replay) {
-                    crate::wait::wake(id);
+                    crate::client::wait::wake(id);
                 }
                 match next {
                     Some((step, state, consumed)) if reply.continued => {

@@ -1,5 +1,5 @@
 //! The scheduler: fires the engine's [`Schedule`]s. One pass takes each schedule whose
-//! fire time has come, in a transaction of its own (see [`crate::schedule`] for why a fire
+//! fire time has come, in a transaction of its own (see [`crate::flow::schedule`] for why a fire
 //! time is inserted exactly once across nodes), and sleeps until the earliest next fire
 //! time — at most [`SchedulerConfig::max_wait`], so a clock that moves (a manual one, or a
 //! schedule another node declared) is seen soon. A node's first pass declares each of its
@@ -16,9 +16,9 @@ use futures_util::FutureExt;
 
 use crate::engine::service::Service;
 use crate::engine::shared::Db;
+use crate::flow::schedule::{CatchUp, Schedule};
 use crate::model::error::{Error, Result};
 use crate::runtime::panic_message;
-use crate::schedule::{CatchUp, Schedule};
 use crate::store::pg::BEGIN_READ_COMMITTED;
 use crate::store::pg::{insert, schedule as sql};
 use crate::telemetry::{Event, Telemetry};

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::committer::CommitterHandle;
 use crate::model::clock::Clock;
 use crate::model::error::Result;
-use crate::registry::Registry;
+use crate::runtime::registry::Registry;
 use crate::store::pg::BEGIN_READ_COMMITTED;
 use crate::store::pooler::{Alone, On, Pooler};
 use crate::telemetry::Telemetry;

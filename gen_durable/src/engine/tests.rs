@@ -293,7 +293,7 @@ async fn the_scheduler_declares_then_fires_once_per_fire_time() {
     use chrono::{TimeZone, Utc};
 
     use crate::engine::scheduler::Scheduler;
-    use crate::schedule::{fire_key, CatchUp, Schedule};
+    use crate::flow::schedule::{fire_key, CatchUp, Schedule};
 
     let tdb = TestDb::new().await;
     let pool = tdb.pool().clone();

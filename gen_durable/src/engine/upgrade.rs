@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::engine::shared::Shared;
 use crate::model::step::StepOutput;
-use crate::registry::FsmEntry;
+use crate::runtime::registry::FsmEntry;
 use crate::store::pg::{claim, migration};
 use crate::telemetry::Event;
 

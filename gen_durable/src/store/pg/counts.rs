@@ -1,5 +1,5 @@
 //! Rows per queue and status at a bounded cost, for the dashboard's overview and the queue
-//! gauges of `gen_durable::metrics` (`crate::counts` puts the figures together).
+//! gauges of `gen_durable::metrics` (`crate::ops::counts` puts the figures together).
 //!
 //! Exact counts of every status need every row: no index covers them all, and adding one
 //! (or a counter table) would tax every step the engine commits — each update of

@@ -1,5 +1,5 @@
 //! Instance migrations: moving rows to a later FSM version. The transforms are Rust
-//! (`crate::instance_migration`); these statements read rows for them and write what they
+//! (`crate::runtime::instance_migration`); these statements read rows for them and write what they
 //! return. Two paths:
 //! - a claimed row, migrated by the node that holds its lease before its step runs
 //!   (`MIGRATE_CLAIMED`, fenced like an outcome);

@@ -190,7 +190,7 @@ pub const QUEUE_COUNT_CAP: i64 = 1_000;
 /// Sets the queue gauges from the database (see the module's list): a few statements of
 /// bounded cost (`store::pg::counts`). Call it on each scrape.
 pub async fn observe_queues(pool: &PgPool) -> Result<()> {
-    let counts = crate::counts::queue_counts(pool, None, QUEUE_COUNT_CAP, &[]).await?;
+    let counts = crate::ops::counts::queue_counts(pool, None, QUEUE_COUNT_CAP, &[]).await?;
     for q in counts.queues {
         let queue = q.queue;
         for (status, figure) in &q.by_status {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::fsm::{backoff_capped, Fsm, Step, StepError};
+use crate::runtime::fsm::{backoff_capped, Fsm, Step, StepError};
 
 /// What a `#[durable_job]` function returns: a result to finish with, or a [`JobError`].
 pub type JobResult = Result<Value, JobError>;

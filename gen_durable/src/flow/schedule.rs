@@ -27,9 +27,9 @@ mod declaration;
 
 #[doc(hidden)]
 use crate::client::Entry;
-use crate::fsm::Fsm;
 use crate::model::error::{Error, Result};
 use crate::model::validate::MAX_KEY_BYTES;
+use crate::runtime::fsm::Fsm;
 use crate::runtime::{panic_message, NewInstance};
 
 /// What a schedule does with fire times that passed while no engine ran it.

@@ -304,7 +304,7 @@ impl Client {
             report.skipped += (ids.len() - live) as u64;
             report.batches += 1;
             for id in ids {
-                crate::wait::wake(id);
+                crate::client::wait::wake(id);
             }
         }
         Ok(report)

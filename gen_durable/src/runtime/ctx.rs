@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
-use crate::fsm::Fsm;
 use crate::model::error::{Error, Result};
 use crate::model::inbox::{ChildInfo, Signal};
+use crate::runtime::fsm::Fsm;
 
 /// Everything a step sees except its typed state. Job handlers receive it directly
 /// (as [`JobCtx`]); FSM steps reach it through [`Ctx`].

@@ -12,11 +12,12 @@ use sqlx::PgPool;
 
 use serde_json::Value;
 
-use crate::instance_migration::{apply_path, MigrationEntry};
+use crate::client::Client;
 use crate::model::clock::Clock;
 use crate::model::error::{Error, Result};
 use crate::model::rows::Migrated;
-use crate::registry::Registry;
+use crate::runtime::instance_migration::{apply_path, MigrationEntry};
+use crate::runtime::registry::Registry;
 use crate::store::pg::migration;
 use crate::store::pooler::Pooler;
 
@@ -215,4 +216,31 @@ pub(crate) async fn run(
     }
     let (executing, other) = migration::left(pooler.pool(pool), fsm, to).await?;
     Ok(pass.finish(executing as u64, other as u64))
+}
+
+impl Client {
+    /// Moves the live rows of FSM `fsm` below version `to` that are not executing to
+    /// version `to`, with the [`crate::Migration`]s of this client's registry (the linked
+    /// ones unless [`Client::with_registry`]), in short batches that never block the engine.
+    /// A row whose transform fails stays on its version with the error in `last_error`;
+    /// executing rows are left to their node. Every chain is checked before anything is
+    /// written: with none from a version some row is at, the answer is
+    /// [`crate::Error::NoMigration`] and nothing changes. See [`MigrateOptions`] for a dry run.
+    pub async fn migrate_instances(
+        &self,
+        fsm: &str,
+        to: i32,
+        opts: MigrateOptions,
+    ) -> Result<MigrationReport> {
+        run(
+            self.pool(),
+            self.pooler(),
+            self.clock(),
+            self.registry(),
+            fsm,
+            to,
+            opts,
+        )
+        .await
+    }
 }

@@ -1,7 +1,15 @@
-//! The backend-neutral step runner: turns a claimed instance into a committed-to-be
-//! outcome. The Postgres engine and the in-memory testkit both run steps through
+//! The runtime, above the contract and the store: the FSM trait and its steps (`fsm`),
+//! what a step sees (`ctx`), the job form (`job`), the registry of what this process runs
+//! (`registry`), instance migrations (`instance_migration`), and here the backend-neutral
+//! step runner, which turns a claimed instance into a committed-to-be outcome. The Postgres engine and the in-memory testkit both run steps through
 //! [`run_erased`], so the two cannot differ in how a step, its `handle`, a panic or
 //! an uncastable state become an outcome.
+
+pub(crate) mod ctx;
+pub(crate) mod fsm;
+pub(crate) mod instance_migration;
+pub(crate) mod job;
+pub(crate) mod registry;
 
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
@@ -12,8 +20,6 @@ use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::ctx::{Ctx, StepContext};
-use crate::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
 use crate::model::inbox::{ChildInfo, Signal};
 pub use crate::model::insert::NewInstance;
 use crate::model::state::DurableState;
@@ -21,6 +27,8 @@ use crate::model::step::{Outcome, StepOutput};
 pub use crate::model::transition::KeyChange;
 pub(crate) use crate::model::transition::{StepRate, Transition};
 use crate::model::validate;
+use crate::runtime::ctx::{Ctx, StepContext};
+use crate::runtime::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
 
 /// A claimed instance, as the runner needs it.
 #[derive(Debug)]
@@ -73,7 +81,7 @@ impl StepOutput {
     pub fn migration_failed(state: Value, error: String, attempt: i32) -> Self {
         StepOutput {
             outcome: Outcome::Replay {
-                delay: crate::fsm::backoff(attempt),
+                delay: crate::runtime::fsm::backoff(attempt),
             },
             state,
             awaited: Vec::new(),

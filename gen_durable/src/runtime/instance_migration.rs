@@ -18,10 +18,10 @@ use std::panic::AssertUnwindSafe;
 
 use serde_json::Value;
 
-use crate::fsm::Fsm;
 use crate::model::rows::Migrated;
 use crate::model::state::DurableState;
 use crate::model::validate;
+use crate::runtime::fsm::Fsm;
 use crate::runtime::panic_message;
 
 /// How an instance of [`Migration::From`] (an older version of the same FSM) becomes an

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::fsm::Fsm;
-use crate::instance_migration::{apply_path, Migration, MigrationEntry};
 use crate::model::error::{Error, Result};
 use crate::model::options::InsertOptions;
 use crate::model::rows::Migrated;
 use crate::model::state::{CastError, DurableState};
 use crate::model::step::StepOutput;
+use crate::runtime::fsm::Fsm;
+use crate::runtime::instance_migration::{apply_path, Migration, MigrationEntry};
 use crate::runtime::{run_erased, NewInstance, StepInput, StepRate};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,

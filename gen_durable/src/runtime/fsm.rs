@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::ctx::Ctx;
 use crate::model::gate::{ConcurrencyKey, LimitKey};
 use crate::model::kind::OutcomeKind;
 use crate::model::options::InsertOptions;
 use crate::model::state::DurableState;
 use crate::model::transition::{KeyChange, StepRate};
-use crate::registry::FsmEntry;
+use crate::runtime::ctx::Ctx;
+use crate::runtime::registry::FsmEntry;
 
 /// The future a step handler returns.
 pub type StepFuture<'a, F> = Pin<Box<dyn Future<Output = StepResult<F>> + Send + 'a>>;

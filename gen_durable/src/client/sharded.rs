@@ -10,14 +10,14 @@ use std::pin::Pin;
 use serde_json::Value;
 use sqlx::PgExecutor;
 
+use crate::client::wait::Wait;
 use crate::client::{Client, SignalSend};
-use crate::fsm::Fsm;
 use crate::model::answers::Cancelled;
 use crate::model::error::{Error, Result};
 use crate::model::explain::Explanation;
 use crate::model::options::InsertOptions;
 use crate::model::target::Key;
-use crate::wait::Wait;
+use crate::runtime::fsm::Fsm;
 
 /// An instance on a sharded deployment: its shard's index in the [`ShardedClient`] and
 /// its id in that shard's database. Ids are per database, so the same `id` exists on

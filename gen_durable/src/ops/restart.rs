@@ -60,7 +60,7 @@ impl Client {
         let conn = self.pooler().on(&mut *tx);
         let found = pg::control::restart(conn, id, step, version, now).await?;
         tx.commit().await?;
-        crate::wait::wake(id);
+        crate::client::wait::wake(id);
         found.answer(id)
     }
 }
