@@ -8,16 +8,16 @@
 //! transaction or connection, the bounded counts behind the dashboard and the metrics,
 //! and the text of the engine's statements.
 
-pub use crate::model::answers::RestartFound;
-pub use crate::model::answers::{inserted, CancelFound, DeliveryFound, RetryFound};
+pub use crate::model::answers::{inserted, CancelFound, DeliveryFound, RestartFound, RetryFound};
 pub use crate::model::explain::{ExplainFacts, NodeFacts};
 pub use crate::model::gate::ConcurrencyKey;
-pub use crate::model::rows::WaitRow;
-pub use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule};
+pub use crate::model::insert::NewInstance;
+pub use crate::model::rows::{Redeclared, ScheduleDeclaration, StoredSchedule, WaitRow};
 pub use crate::model::step::{Outcome, StepOutput};
+pub use crate::model::transition::KeyChange;
 pub use crate::model::validate::{check_signal, check_target};
 pub use crate::ops::{check_queue, check_restart_step, BulkAction, FilterMatch};
-pub use crate::runtime::{refused, run_erased, KeyChange, NewInstance, StepInput};
+pub use crate::runtime::{refused, run_erased, StepInput};
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's
 /// probes name them (see `gd_audit_prep` and `scripts/audit.sh`).

@@ -13,8 +13,9 @@ use crate::engine::shared::Shared;
 use crate::engine::upgrade::{upgrade, Upgraded};
 use crate::model::kind::OutcomeKind;
 use crate::model::step::Outcome;
+use crate::model::transition::KeyChange;
 use crate::runtime::registry::FsmEntry;
-use crate::runtime::{KeyChange, StepInput};
+use crate::runtime::StepInput;
 use crate::store::pg::claim;
 use crate::telemetry::Event;
 

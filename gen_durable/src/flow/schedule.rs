@@ -28,9 +28,10 @@ mod declaration;
 #[doc(hidden)]
 use crate::client::Entry;
 use crate::model::error::{Error, Result};
+use crate::model::insert::NewInstance;
 use crate::model::validate::MAX_KEY_BYTES;
 use crate::runtime::fsm::Fsm;
-use crate::runtime::{panic_message, NewInstance};
+use crate::runtime::panic_message;
 
 /// What a schedule does with fire times that passed while no engine ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

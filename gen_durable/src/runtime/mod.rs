@@ -21,11 +21,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::inbox::{ChildInfo, Signal};
-pub use crate::model::insert::NewInstance;
+use crate::model::insert::NewInstance;
 use crate::model::state::DurableState;
 use crate::model::step::{Outcome, StepOutput};
-pub use crate::model::transition::KeyChange;
-pub(crate) use crate::model::transition::{StepRate, Transition};
+use crate::model::transition::{StepRate, Transition};
 use crate::model::validate;
 use crate::runtime::ctx::{Ctx, StepContext};
 use crate::runtime::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};

@@ -9,13 +9,15 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::model::error::{Error, Result};
+use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
 use crate::model::rows::Migrated;
 use crate::model::state::{CastError, DurableState};
 use crate::model::step::StepOutput;
+use crate::model::transition::StepRate;
 use crate::runtime::fsm::Fsm;
 use crate::runtime::instance_migration::{apply_path, Migration, MigrationEntry};
-use crate::runtime::{run_erased, NewInstance, StepInput, StepRate};
+use crate::runtime::{run_erased, StepInput};
 
 /// The type-erased description of one FSM version: what the engine needs to claim,
 /// validate and run its rows without knowing the Rust type.
