@@ -103,12 +103,12 @@ pub use model::explain::{
 };
 pub use model::gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use model::inbox::{ChildInfo, Signal};
-pub use model::kind::OutcomeKind;
 pub use model::options::InsertOptions;
 pub use model::rate_limit::{BucketUse, RateLimit};
 pub use model::rows::{Migrated, QueuePause};
 pub use model::state::{cast_field, json_kind, CastError, DurableState};
 pub use model::status::Status;
+pub use model::step::OutcomeKind;
 pub use model::target::{Key, Target};
 pub use model::transition::{StepRate, YieldReason};
 pub use model::validate::{MAX_DELAY, MAX_KEY_BYTES};

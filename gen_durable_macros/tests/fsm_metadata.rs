@@ -1,6 +1,7 @@
 //! The metadata `#[durable_fsm]` generates (names, versions, queues, steps both
 //! ways), registration of every linked FSM (an old version beside a new one), and
-//! dispatch to the handlers and to `handle`, run through the engine's step runner.
+//! dispatch to the handlers and to `handle`, run through the engine's step runner (with
+//! what it makes of a child that would not insert).
 
 use gen_durable::backend::{run_erased, Outcome, StepInput};
 use gen_durable::prelude::*;
@@ -74,6 +75,26 @@ enum CheckoutV1 {
 impl CheckoutV1 {
     async fn reserve(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
         Ok(Step::done(json!("v1")))
+    }
+}
+
+/// Sets its state, then schedules a child at a step the child's FSM does not have.
+#[durable_fsm(state = OrderState)]
+enum Spawn {
+    #[initial]
+    Start,
+    Sum,
+}
+
+#[durable_steps]
+impl Spawn {
+    async fn start(ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        ctx.state.order = 9;
+        let child = Child::new::<Fulfil>(OrderState::default()).step("nope");
+        Ok(Step::schedule_children(vec![child], Spawn::Sum))
+    }
+    async fn sum(_ctx: &mut Ctx<Self>) -> StepResult<Self> {
+        Ok(Step::done(json!(null)))
     }
 }
 
@@ -187,4 +208,18 @@ async fn an_uncastable_state_fails_the_step_with_the_path() {
         matches!(&out.outcome, Outcome::Stop { reason } if reason.contains("state.order: expected u64, found string")),
         "{out:?}"
     );
+}
+
+#[tokio::test]
+async fn a_child_that_would_not_insert_stops_the_parent_keeping_the_state_it_set() {
+    let out = run_erased::<Spawn>(input("start", json!({ "order": 1 }), 0)).await;
+    let Outcome::Stop { reason } = &out.outcome else {
+        panic!("expected a stop: {out:?}");
+    };
+    assert!(
+        reason.starts_with("child Fulfil: ") && reason.contains("nope"),
+        "{reason}"
+    );
+    assert_eq!(out.error.as_ref(), Some(reason));
+    assert_eq!(out.state, json!({ "order": 9 }));
 }

@@ -33,16 +33,11 @@ impl Tally {
 
     /// The count of one kind.
     pub fn of(&self, kind: OutcomeKind) -> usize {
-        match kind {
-            OutcomeKind::Next => self.next,
-            OutcomeKind::Replay => self.replay,
-            OutcomeKind::Await => self.await_,
-            OutcomeKind::ScheduleChildren => self.schedule_children,
-            OutcomeKind::Done => self.done,
-            OutcomeKind::Stop => self.stop,
-        }
+        let mut copy = *self;
+        *copy.slot(kind)
     }
 
+    /// The field that counts `kind`: the one place a kind maps to its field.
     fn slot(&mut self, kind: OutcomeKind) -> &mut usize {
         match kind {
             OutcomeKind::Next => &mut self.next,

@@ -10,7 +10,6 @@ pub(crate) mod explain;
 pub(crate) mod gate;
 pub(crate) mod inbox;
 pub(crate) mod insert;
-pub(crate) mod kind;
 pub(crate) mod options;
 pub(crate) mod rate_limit;
 pub(crate) mod rows;

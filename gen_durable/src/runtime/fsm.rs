@@ -9,9 +9,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::model::gate::{ConcurrencyKey, LimitKey};
-use crate::model::kind::OutcomeKind;
+use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
 use crate::model::state::DurableState;
+use crate::model::step::{Outcome, OutcomeKind};
 use crate::model::transition::{KeyChange, StepRate};
 use crate::runtime::ctx::Ctx;
 use crate::runtime::registry::FsmEntry;
@@ -77,7 +78,15 @@ pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
 /// What a step decided. Build one with the constructors.
 #[derive(Debug)]
 pub struct Step<F: Fsm> {
-    pub(crate) kind: StepKind<F>,
+    /// The outcome, type-erased as it is committed.
+    pub(crate) outcome: Outcome,
+    /// The step the outcome leads to (`next`, `await_signal`, `schedule_children`): its
+    /// declared rate limit is read from the state the outcome commits.
+    pub(crate) next: Option<F>,
+    /// A child that cannot be inserted (its state does not serialize, an option is
+    /// refused): the instance stops with this reason instead, keeping the state the step
+    /// set, without its own transaction.
+    pub(crate) child_error: Option<String>,
     /// Recorded as `last_error` with the outcome (set when a failure led to it).
     pub(crate) error: Option<String>,
     /// On a `next`: continue in this worker (see [`Fsm::RUN_AHEAD`]).
@@ -89,27 +98,12 @@ pub struct Step<F: Fsm> {
     pub(crate) no_run_ahead: bool,
 }
 
-#[derive(Debug)]
-pub(crate) enum StepKind<F: Fsm> {
-    Next(F),
-    Replay(Duration),
-    Await {
-        names: Vec<String>,
-        next: F,
-        timeout: Option<Duration>,
-    },
-    ScheduleChildren {
-        children: Vec<Child>,
-        next: F,
-    },
-    Done(Value),
-    Stop(String),
-}
-
 impl<F: Fsm> Step<F> {
-    fn of(kind: StepKind<F>) -> Self {
+    fn of(outcome: Outcome, next: Option<F>) -> Self {
         Step {
-            kind,
+            outcome,
+            next,
+            child_error: None,
             error: None,
             run_ahead: false,
             key: KeyChange::Keep,
@@ -185,12 +179,13 @@ impl<F: Fsm> Step<F> {
 
     /// Go on at step `next`, runnable now; `attempt` resets to 0 and the awaited signals are consumed.
     pub fn next(next: F) -> Self {
-        Step::of(StepKind::Next(next))
+        let step = next.step_name();
+        Step::of(Outcome::Next { step }, Some(next))
     }
 
     /// Run this same step again after `delay`; `attempt` goes up by one, nothing is consumed.
     pub fn replay(delay: Duration) -> Self {
-        Step::of(StepKind::Replay(delay))
+        Step::of(Outcome::Replay { delay }, None)
     }
 
     /// Park until a signal with one of `names` arrives, then run `next`.
@@ -200,17 +195,18 @@ impl<F: Fsm> Step<F> {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Step::of(StepKind::Await {
+        let outcome = Outcome::Await {
             names: names.into_iter().map(Into::into).collect(),
-            next,
+            step: next.step_name(),
             timeout: None,
-        })
+        };
+        Step::of(outcome, Some(next))
     }
 
     /// On an `await_signal`: run `next` with nothing awaited once `after` has passed
     /// (by the database clock). Has no effect on other outcomes.
     pub fn timeout(mut self, after: Duration) -> Self {
-        if let StepKind::Await { timeout, .. } = &mut self.kind {
+        if let Outcome::Await { timeout, .. } = &mut self.outcome {
             *timeout = Some(after);
         }
         self
@@ -218,29 +214,34 @@ impl<F: Fsm> Step<F> {
 
     /// Insert `children` and park until every one of them is terminal, then run `next`.
     pub fn schedule_children(children: Vec<Child>, next: F) -> Self {
-        Step::of(StepKind::ScheduleChildren { children, next })
+        let step = next.step_name();
+        let (children, child_error) =
+            match children.into_iter().map(Child::into_new_instance).collect() {
+                Ok(rows) => (rows, None),
+                Err(reason) => (Vec::new(), Some(reason)),
+            };
+        let outcome = Outcome::ScheduleChildren { children, step };
+        Step {
+            child_error,
+            ..Step::of(outcome, Some(next))
+        }
     }
 
     /// Finish with `result`; the whole inbox is deleted.
     pub fn done(result: impl Into<Value>) -> Self {
-        Step::of(StepKind::Done(result.into()))
+        let result = result.into();
+        Step::of(Outcome::Done { result }, None)
     }
 
     /// Stop for good with `reason` as `last_error`; the whole inbox is deleted.
     pub fn stop(reason: impl fmt::Display) -> Self {
-        Step::of(StepKind::Stop(reason.to_string()))
+        let reason = reason.to_string();
+        Step::of(Outcome::Stop { reason }, None)
     }
 
     /// The outcome's kind, as telemetry reports it.
     pub fn kind(&self) -> OutcomeKind {
-        match self.kind {
-            StepKind::Next(_) => OutcomeKind::Next,
-            StepKind::Replay(_) => OutcomeKind::Replay,
-            StepKind::Await { .. } => OutcomeKind::Await,
-            StepKind::ScheduleChildren { .. } => OutcomeKind::ScheduleChildren,
-            StepKind::Done(_) => OutcomeKind::Done,
-            StepKind::Stop(_) => OutcomeKind::Stop,
-        }
+        self.outcome.kind()
     }
 }
 
@@ -344,4 +345,15 @@ impl Child {
     }
 
     crate::insert_option_setters!(opts);
+
+    /// Checks the child and turns it into a row.
+    fn into_new_instance(self) -> Result<NewInstance, String> {
+        let fsm = self.entry.name;
+        let state = self
+            .state
+            .map_err(|e| format!("child {fsm} state does not serialize: {e}"))?;
+        self.entry
+            .new_instance(state, self.opts)
+            .map_err(|e| format!("child {fsm}: {e}"))
+    }
 }

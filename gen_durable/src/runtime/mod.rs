@@ -21,13 +21,12 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::inbox::{ChildInfo, Signal};
-use crate::model::insert::NewInstance;
 use crate::model::state::DurableState;
 use crate::model::step::{Outcome, StepOutput};
 use crate::model::transition::{StepRate, Transition};
 use crate::model::validate;
 use crate::runtime::ctx::{Ctx, StepContext};
-use crate::runtime::fsm::{Child, Fsm, Step, StepError, StepErrorKind, StepKind};
+use crate::runtime::fsm::{Fsm, Step, StepError, StepErrorKind};
 
 /// A claimed instance, as the runner needs it.
 #[derive(Debug)]
@@ -106,19 +105,6 @@ impl StepOutput {
 #[doc(hidden)]
 pub fn refused(err: &crate::Error) -> String {
     format!("the step's outcome was refused by the database, so the instance stops: {err}")
-}
-
-impl Child {
-    /// Checks the child and turns it into a row.
-    fn into_new_instance(self) -> Result<NewInstance, String> {
-        let fsm = self.entry.name;
-        let state = self
-            .state
-            .map_err(|e| format!("child {fsm} state does not serialize: {e}"))?;
-        self.entry
-            .new_instance(state, self.opts)
-            .map_err(|e| format!("child {fsm}: {e}"))
-    }
 }
 
 pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
@@ -285,48 +271,20 @@ fn finish<F: Fsm>(
             )
         }
     };
+    // A child that would not insert stops the instance, with the state the step set
+    // but without its own transaction.
+    if let Some(reason) = step.child_error {
+        return stop_output(reason, state, started);
+    }
     let awaited: Vec<i64> = ctx.base.awaited.iter().map(|s| s.id).collect();
-    // The step an outcome leads to: its transition options apply there.
-    let next = match &step.kind {
-        StepKind::Next(to)
-        | StepKind::Await { next: to, .. }
-        | StepKind::ScheduleChildren { next: to, .. } => Some(*to),
-        _ => None,
-    };
-    let outcome = match step.kind {
-        StepKind::Next(next) => Outcome::Next {
-            step: next.step_name(),
-        },
-        StepKind::Replay(delay) => Outcome::Replay { delay },
-        StepKind::Await {
-            names,
-            next,
-            timeout,
-        } => Outcome::Await {
-            names,
-            step: next.step_name(),
-            timeout,
-        },
-        StepKind::ScheduleChildren { children, next } => {
-            let rows: Result<Vec<_>, String> =
-                children.into_iter().map(Child::into_new_instance).collect();
-            match rows {
-                Ok(children) => Outcome::ScheduleChildren {
-                    children,
-                    step: next.step_name(),
-                },
-                Err(reason) => return stop_output(reason, state, started),
-            }
-        }
-        StepKind::Done(result) => Outcome::Done { result },
-        StepKind::Stop(reason) => Outcome::Stop { reason },
-    };
+    let outcome = step.outcome;
     let error = match &outcome {
         Outcome::Stop { reason } => Some(reason.clone()),
         _ => step.error.or(failure),
     };
     let run_ahead = matches!(outcome, Outcome::Next { .. }) && (F::RUN_AHEAD || step.run_ahead);
-    let transition = match next {
+    // The step the outcome leads to: the transition's options apply there.
+    let transition = match step.next {
         Some(to) => Transition {
             key: step.key,
             rate: step_rate(to, &ctx.state, step.rate, step.weight),

@@ -25,7 +25,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::kind::OutcomeKind;
+use crate::model::step::OutcomeKind;
 
 /// A telemetry event.
 #[derive(Debug, Clone, PartialEq)]

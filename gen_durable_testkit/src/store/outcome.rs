@@ -82,14 +82,11 @@ impl Store {
         }
         row.state = out.state.clone();
         row.updated_at = now;
+        // The outcome's own status, unless a signal or no children make it runnable at once.
         row.status = match &out.outcome {
-            Outcome::Next { .. } | Outcome::Replay { .. } => Status::Runnable,
             Outcome::Await { .. } if news => Status::Runnable,
-            Outcome::Await { .. } => Status::AwaitingSignal,
             Outcome::ScheduleChildren { .. } if spawned == 0 => Status::Runnable,
-            Outcome::ScheduleChildren { .. } => Status::AwaitingChildren,
-            Outcome::Done { .. } => Status::Done,
-            Outcome::Stop { .. } => Status::Failed,
+            outcome => outcome.status(),
         };
         if let Outcome::Done { result } = &out.outcome {
             row.result = Some(result.clone());

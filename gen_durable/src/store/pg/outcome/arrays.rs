@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::Commit;
-use crate::model::kind::OutcomeKind;
-use crate::model::step::{Outcome, StepOutput};
+use crate::model::step::{Outcome, OutcomeKind, StepOutput};
 use crate::model::transition::Transition;
 use crate::store::pg::millis;
 
