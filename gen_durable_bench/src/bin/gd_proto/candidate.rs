@@ -1,0 +1,109 @@
+//! A candidate design: its SQL, read from `gen_durable_bench/proto/candidates/<name>.sql`.
+//!
+//! A candidate file has sections, each opened by a line `-- @<section>`:
+//! - `setup`: the schema, run as one simple query. A line `@include <file>` is replaced by
+//!   that file of the same directory; `@gen_durable_schema` runs gen_durable's migrations.
+//! - `seed`: inserts `$1` (int8) instances at step `s0`, runnable now.
+//! - `claim`: claims up to `$2` (int8) rows for worker `$1` (text); returns
+//!   `(id int8, epoch int8, step text, state jsonb)`.
+//! - `commit`: commits the outcomes of claimed rows `$1` (int8[], sorted) with epochs `$2`
+//!   (int8[]) for worker `$3` (text): each goes on to step `$4[i]` (text[]), or is `done`
+//!   where that is NULL, with state `$5[i]` (jsonb[]); returns how many were fenced and
+//!   written (int8).
+//! - `gc` (optional): retention of terminal rows; run while it returns a positive count
+//!   (a statement that returns no row, such as `TRUNCATE`, runs once).
+//! - `tables`: the tables whose writes are counted, comma-separated.
+//!
+//! The first comment lines, before `-- @setup`, say what the candidate is.
+
+use std::path::{Path, PathBuf};
+
+/// One candidate's SQL.
+#[derive(Debug, Clone)]
+pub(crate) struct Candidate {
+    pub(crate) about: String,
+    pub(crate) migrate: bool,
+    pub(crate) setup: String,
+    pub(crate) seed: String,
+    pub(crate) claim: String,
+    pub(crate) commit: String,
+    pub(crate) gc: Option<String>,
+    pub(crate) tables: Vec<String>,
+}
+
+/// The candidates' directory.
+pub(crate) fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/candidates")
+}
+
+/// The names of every candidate file (those not starting with `_`), sorted.
+pub(crate) fn all() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir())
+        .expect("proto/candidates")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let stem = name.strip_suffix(".sql")?;
+            (!stem.starts_with('_')).then(|| stem.to_string())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+impl Candidate {
+    /// Reads candidate `name`.
+    pub(crate) fn load(name: &str) -> Result<Candidate, String> {
+        let path = dir().join(format!("{name}.sql"));
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut about = Vec::new();
+        let mut sections: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if let Some(section) = line.strip_prefix("-- @") {
+                sections.push((section.trim().to_string(), String::new()));
+            } else if let Some((_, body)) = sections.last_mut() {
+                body.push_str(line);
+                body.push('\n');
+            } else if let Some(comment) = line.strip_prefix("--") {
+                about.push(comment.trim().to_string());
+            }
+        }
+        let take = |name: &str| {
+            sections
+                .iter()
+                .find(|(s, _)| s == name)
+                .map(|(_, body)| body.trim().to_string())
+        };
+        let need = |name: &str| take(name).ok_or(format!("{name}.sql has no `-- @{name}`"));
+        let mut migrate = false;
+        let mut setup = String::new();
+        for line in need("setup")?.lines() {
+            if line.trim() == "@gen_durable_schema" {
+                migrate = true;
+            } else if let Some(file) = line.trim().strip_prefix("@include ") {
+                let included = dir().join(file.trim());
+                setup.push_str(
+                    &std::fs::read_to_string(&included)
+                        .map_err(|e| format!("{}: {e}", included.display()))?,
+                );
+            } else {
+                setup.push_str(line);
+                setup.push('\n');
+            }
+        }
+        Ok(Candidate {
+            about: about.join(" "),
+            migrate,
+            setup,
+            seed: need("seed")?,
+            claim: need("claim")?,
+            commit: need("commit")?,
+            gc: take("gc"),
+            tables: need("tables")?
+                .split(',')
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+        })
+    }
+}
