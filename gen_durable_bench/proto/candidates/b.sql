@@ -4,33 +4,53 @@
 -- @setup
 @include _single.sql
 @include _leases.sql
+-- The claim, as a function of two statements: the first locks the entries and takes their
+-- leases; the second, with a fresh snapshot, reads the rows' step and state. In one
+-- statement the read would use the snapshot taken before the locks: a lease deleted by a
+-- commit after it would let the claim read the step that commit has just moved past, and
+-- run it again. (v1 locks and reads the same row, so the lock's recheck gives it the
+-- latest version.) The lease probe has a LIMIT so that it stays a probe of p_leases' key
+-- per row: as an anti-join the planner materialized every lease.
+CREATE FUNCTION p_claim(p_worker text, p_batch int8)
+RETURNS TABLE (id int8, epoch int8, step text, state jsonb)
+LANGUAGE plpgsql AS $claim$
+#variable_conflict use_column
+DECLARE
+    ids    int8[];
+    epochs int8[];
+BEGIN
+    WITH c AS MATERIALIZED (
+        SELECT i.id FROM s_instances i
+         WHERE i.queue = 'default' AND i.status = 'runnable' AND i.eligible_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM p_leases l
+                            WHERE l.id = i.id AND l.expires_at > now() LIMIT 1)
+         ORDER BY i.priority, i.eligible_at, i.id
+         LIMIT p_batch
+           FOR NO KEY UPDATE SKIP LOCKED),
+    l AS (
+        INSERT INTO p_leases AS p (id, epoch, locked_by, expires_at)
+        SELECT c.id, (extract(epoch FROM clock_timestamp()) * 1000000)::int8, p_worker,
+               now() + interval '30 s'
+          FROM c
+        ON CONFLICT (id) DO UPDATE
+           SET epoch = greatest(p.epoch + 1, excluded.epoch), locked_by = excluded.locked_by,
+               expires_at = excluded.expires_at
+         WHERE p.expires_at <= now()
+        RETURNING p.id, p.epoch)
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.epoch ORDER BY l.id)
+      INTO ids, epochs FROM l;
+    RETURN QUERY
+    SELECT i.id, epochs[width_bucket(i.id, ids)], i.step, i.state
+      FROM s_instances i WHERE i.id = ANY (ids);
+END
+$claim$;
 -- @seed
 INSERT INTO s_instances (fsm, fsm_version, step, state, queue)
 SELECT 'proto', 1, 's0', jsonb_build_object('i', g, 'step', 0), 'default'
   FROM generate_series(1, $1) g
 -- @claim
--- The lease probe has a LIMIT so that it stays a probe of p_leases' key per row: as an
--- anti-join the planner materialized every lease and compared each row with all of them.
-WITH c AS MATERIALIZED (
-    SELECT i.id FROM s_instances i
-     WHERE i.queue = 'default' AND i.status = 'runnable' AND i.eligible_at <= now()
-       AND NOT EXISTS (SELECT 1 FROM p_leases l WHERE l.id = i.id AND l.expires_at > now() LIMIT 1)
-     ORDER BY i.priority, i.eligible_at, i.id
-     LIMIT $2
-       FOR NO KEY UPDATE SKIP LOCKED),
-l AS (
-    INSERT INTO p_leases AS p (id, epoch, locked_by, expires_at)
-    SELECT id, (extract(epoch FROM clock_timestamp()) * 1000000)::int8, $1,
-           now() + interval '30 s'
-      FROM c
-    ON CONFLICT (id) DO UPDATE
-       SET epoch = greatest(p.epoch + 1, excluded.epoch), locked_by = excluded.locked_by,
-           expires_at = excluded.expires_at
-     WHERE p.expires_at <= now()
-    RETURNING id, epoch)
-SELECT l.id, l.epoch, i.step, i.state
-  FROM set_config('synchronous_commit', 'off', true) AS without_flush,
-       l JOIN s_instances i ON i.id = l.id
+SELECT c.* FROM set_config('synchronous_commit', 'off', true) AS without_flush,
+       p_claim($1, $2) c
 -- @commit
 -- Rows by primary key (`= ANY`), each outcome found by binary search in the sorted
 -- ids (`width_bucket`): no join of the arrays with a table, whose plan could rescan them.

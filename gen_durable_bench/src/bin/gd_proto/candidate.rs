@@ -6,6 +6,9 @@
 //! - `seed`: inserts `$1` (int8) instances at step `s0`, runnable now.
 //! - `claim`: claims up to `$2` (int8) rows for worker `$1` (text); returns
 //!   `(id int8, epoch int8, step text, state jsonb)`.
+//! - `read` (optional): for a claim of ranges: the claim then returns `(lo int8, hi int8)`
+//!   rows, and this statement, run once per range with `$1` = lo and `$2` = hi in a
+//!   transaction of its own, returns the claimed rows as `claim` would.
 //! - `commit`: commits the outcomes of claimed rows `$1` (int8[], sorted) with epochs `$2`
 //!   (int8[]) for worker `$3` (text): each goes on to step `$4[i]` (text[]), or is `done`
 //!   where that is NULL, with state `$5[i]` (jsonb[]); returns how many were fenced and
@@ -13,6 +16,8 @@
 //! - `gc` (optional): retention of terminal rows; run while it returns a positive count
 //!   (a statement that returns no row, such as `TRUNCATE`, runs once).
 //! - `tables`: the tables whose writes are counted, comma-separated.
+//! - `max_steps` (optional): the most steps per instance the design handles correctly; a
+//!   run with more skips it.
 //!
 //! The first comment lines, before `-- @setup`, say what the candidate is.
 
@@ -26,9 +31,11 @@ pub(crate) struct Candidate {
     pub(crate) setup: String,
     pub(crate) seed: String,
     pub(crate) claim: String,
+    pub(crate) read: Option<String>,
     pub(crate) commit: String,
     pub(crate) gc: Option<String>,
     pub(crate) tables: Vec<String>,
+    pub(crate) max_steps: Option<u32>,
 }
 
 /// The candidates' directory.
@@ -97,6 +104,7 @@ impl Candidate {
             setup,
             seed: need("seed")?,
             claim: need("claim")?,
+            read: take("read"),
             commit: need("commit")?,
             gc: take("gc"),
             tables: need("tables")?
@@ -104,6 +112,13 @@ impl Candidate {
                 .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty())
                 .collect(),
+            max_steps: match take("max_steps") {
+                Some(n) => Some(
+                    n.parse()
+                        .map_err(|_| format!("{name}.sql: max_steps {n:?}"))?,
+                ),
+                None => None,
+            },
         })
     }
 }

@@ -50,6 +50,9 @@ pub(crate) struct Args {
     /// Candidates (repeatable; default: graphile and every file in proto/candidates).
     #[arg(long = "candidate")]
     pub(crate) candidates: Vec<String>,
+    /// Every file in proto/candidates, without graphile (which needs node).
+    #[arg(long, conflicts_with = "candidates")]
+    pub(crate) candidate_files: bool,
     /// The server (its `postgres` database); the harness creates `gd_proto` on it.
     #[arg(
         long,

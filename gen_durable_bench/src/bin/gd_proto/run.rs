@@ -22,6 +22,7 @@ const DB: &str = "gd_proto";
 enum Cycle {
     Sql {
         claim: String,
+        read: Option<String>,
         commit: String,
     },
     Graphile {
@@ -32,23 +33,40 @@ enum Cycle {
 }
 
 pub(crate) async fn main(args: &Args) -> Result<(), String> {
-    let names: Vec<String> = if args.candidates.is_empty() {
+    let mut names: Vec<String> = if args.candidate_files {
+        candidate::all()
+    } else if args.candidates.is_empty() {
         std::iter::once("graphile".to_string())
             .chain(candidate::all())
             .collect()
     } else {
         args.candidates.clone()
     };
-    // Read every file first: a typo fails before the first run.
+    // Read every file first: a typo fails before the first run. A design that cannot run
+    // this many steps is left out.
+    let mut skipped = Vec::new();
     for name in names.iter().filter(|n| *n != "graphile") {
-        Candidate::load(name)?;
+        if Candidate::load(name)?
+            .max_steps
+            .is_some_and(|m| args.steps > m)
+        {
+            skipped.push(name.clone());
+        }
+    }
+    if args.steps != 1 {
+        skipped.push("graphile".to_string());
+    }
+    names.retain(|n| !skipped.contains(n));
+    if !skipped.is_empty() {
+        eprintln!(
+            "gd_proto: not run at {} steps: {}",
+            args.steps,
+            skipped.join(", ")
+        );
     }
     let mut lines = Vec::new();
     for round in 1..=args.rounds {
         for name in &names {
-            if name == "graphile" && args.steps != 1 {
-                continue;
-            }
             let line = run_one(args, name, round).await?;
             println!("{line}");
             lines.push(line);
@@ -136,6 +154,7 @@ async fn run_one(args: &Args, name: &str, round: usize) -> Result<Value, String>
             .map_err(|e| format!("{name}: seed: {e}"))?;
         let cycle = Cycle::Sql {
             claim: c.claim,
+            read: c.read,
             commit: c.commit,
         };
         (cycle, c.tables, c.gc, c.about)
@@ -267,13 +286,33 @@ async fn client(
     while written.load(Ordering::SeqCst) < target {
         let t0 = Instant::now();
         let n = match &cycle {
-            Cycle::Sql { claim, commit } => {
-                let rows = sqlx::query(claim)
+            Cycle::Sql {
+                claim,
+                read,
+                commit,
+            } => {
+                let mut rows = sqlx::query(claim)
                     .bind(&worker)
                     .bind(batch)
                     .fetch_all(&mut conn)
                     .await
                     .map_err(err("claim"))?;
+                // A claim of ranges: the rows are read by a second statement, per range.
+                if let Some(read) = read {
+                    let ranges: Vec<(i64, i64)> =
+                        rows.iter().map(|r| (r.get("lo"), r.get("hi"))).collect();
+                    rows = Vec::new();
+                    for (lo, hi) in ranges {
+                        rows.extend(
+                            sqlx::query(read)
+                                .bind(lo)
+                                .bind(hi)
+                                .fetch_all(&mut conn)
+                                .await
+                                .map_err(err("read"))?,
+                        );
+                    }
+                }
                 claiming += t0.elapsed();
                 let mut claimed: Vec<(i64, i64, String)> = rows
                     .iter()
