@@ -32,10 +32,10 @@ BEGIN
         SELECT c.id, (extract(epoch FROM clock_timestamp()) * 1000000)::int8, p_worker,
                now() + interval '30 s'
           FROM c
-        ON CONFLICT (id) DO UPDATE
-           SET epoch = greatest(p.epoch + 1, excluded.epoch), locked_by = excluded.locked_by,
-               expires_at = excluded.expires_at
-         WHERE p.expires_at <= now()
+        -- A row whose lease is still there is not taken; an expired lease is the reaper's
+        -- to delete (not measured here). DO UPDATE … WHERE would lock the lease even when
+        -- it does not take it, and a commit deleting that lease would deadlock with it.
+        ON CONFLICT (id) DO NOTHING
         RETURNING p.id, p.epoch)
     SELECT array_agg(l.id ORDER BY l.id), array_agg(l.epoch ORDER BY l.id)
       INTO ids, epochs FROM l;

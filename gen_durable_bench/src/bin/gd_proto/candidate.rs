@@ -1,8 +1,10 @@
 //! A candidate design: its SQL, read from `gen_durable_bench/proto/candidates/<name>.sql`.
 //!
-//! A candidate file has sections, each opened by a line `-- @<section>`:
-//! - `setup`: the schema, run as one simple query. A line `@include <file>` is replaced by
-//!   that file of the same directory; `@gen_durable_schema` runs gen_durable's migrations.
+//! A candidate file has sections, each opened by a line `-- @<section>`. In any section a
+//! line `@include <file>` is replaced by that file of the same directory (the parts that
+//! several candidates share, named `_*.sql`).
+//! - `setup`: the schema, run as one simple query; a line `@gen_durable_schema` runs
+//!   gen_durable's migrations.
 //! - `seed`: inserts `$1` (int8) instances at step `s0`, runnable now.
 //! - `claim`: claims up to `$2` (int8) rows for worker `$1` (text); returns
 //!   `(id int8, epoch int8, step text, state jsonb)`.
@@ -75,29 +77,40 @@ impl Candidate {
                 about.push(comment.trim().to_string());
             }
         }
+        // Every section with its includes in place.
+        let mut expanded: Vec<(String, String)> = Vec::with_capacity(sections.len());
+        for (section, body) in sections {
+            let mut text = String::new();
+            for line in body.lines() {
+                if let Some(file) = line.trim().strip_prefix("@include ") {
+                    let included = dir().join(file.trim());
+                    text.push_str(
+                        &std::fs::read_to_string(&included)
+                            .map_err(|e| format!("{}: {e}", included.display()))?,
+                    );
+                } else {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+            expanded.push((section, text));
+        }
         let take = |name: &str| {
-            sections
+            expanded
                 .iter()
                 .find(|(s, _)| s == name)
                 .map(|(_, body)| body.trim().to_string())
         };
         let need = |name: &str| take(name).ok_or(format!("{name}.sql has no `-- @{name}`"));
-        let mut migrate = false;
-        let mut setup = String::new();
-        for line in need("setup")?.lines() {
-            if line.trim() == "@gen_durable_schema" {
-                migrate = true;
-            } else if let Some(file) = line.trim().strip_prefix("@include ") {
-                let included = dir().join(file.trim());
-                setup.push_str(
-                    &std::fs::read_to_string(&included)
-                        .map_err(|e| format!("{}: {e}", included.display()))?,
-                );
-            } else {
-                setup.push_str(line);
-                setup.push('\n');
-            }
-        }
+        let setup_text = need("setup")?;
+        let migrate = setup_text
+            .lines()
+            .any(|l| l.trim() == "@gen_durable_schema");
+        let setup: String = setup_text
+            .lines()
+            .filter(|l| l.trim() != "@gen_durable_schema")
+            .map(|l| format!("{l}\n"))
+            .collect();
         Ok(Candidate {
             about: about.join(" "),
             migrate,
