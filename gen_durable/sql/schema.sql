@@ -80,6 +80,10 @@ CREATE TABLE gd_instances (
     finished_at      timestamptz GENERATED ALWAYS AS (
                          CASE WHEN status IN ('done', 'failed') THEN updated_at END
                      ) STORED,
+    -- The seq of the row's entry in the ready log (log.sql) while it waits in the log or
+    -- runs from it, NULL otherwise: the fence of its step's outcome. No index covers it, so
+    -- the update of a step that moves it can be HOT.
+    ready_seq        bigint,
     CONSTRAINT gd_instances_children_pending_nonneg CHECK (children_pending >= 0)
 ) WITH (
     -- A queue table churns: vacuum it early, and leave half of each page free for the new

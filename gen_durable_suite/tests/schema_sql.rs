@@ -14,13 +14,14 @@ use gen_durable_testkit::TestDb;
 use sqlx::PgPool;
 
 /// The files of `gen_durable/sql/`, in the order they load (as its README lists them).
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "schema.sql",
     "lease.sql",
     "commit.sql",
     "claim.sql",
     "handoff.sql",
     "rate_limit.sql",
+    "log.sql",
 ];
 
 /// The catalog queries: each returns (key, definition) rows of one kind of object in

@@ -1,0 +1,388 @@
+-- The ready queue as a log (docs/design/storage-v2.md): what a row that may run now waits
+-- in, apart from its durable row. An entry is appended when a row becomes ready and is
+-- never updated; claims take whole ranges of a lane's entries below a watermark, and the
+-- durable row is written once per step, by its outcome.
+--
+-- Not yet the engine's path: the tables and functions are here so that the next steps
+-- (the claim, the commit, the switch of plain rows to the log) build on a tested base.
+-- Rows with a K = 1 key, a gate or a rate limit stay on the row-by-row claims of claim.sql.
+
+-- Every entry's place in the log, across lanes: its order, and the per-row fence
+-- (`gd_instances.ready_seq`). One sequence for all lanes, so that seqs order entries
+-- across lanes too (a claim serves a lane whose head is older first).
+CREATE SEQUENCE gd_ready_seq;
+
+-- A lane: the entries of one (queue, FSM, priority). A node claims only the lanes of the
+-- FSMs it runs; a claim serves the most urgent priority first. The row is the lane's
+-- cursor: entries below `next_seq` are taken, entries below `safe_hi` are settled (every
+-- transaction that took a seq below it has ended; see `gd_advance`). Updated once per
+-- claim of the lane, so its pages are left mostly free.
+CREATE TABLE gd_lanes (
+    lane       integer     GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue      text        NOT NULL,
+    fsm        text        NOT NULL,
+    priority   smallint    NOT NULL,
+    next_seq   bigint      NOT NULL DEFAULT 1,
+    safe_hi    bigint      NOT NULL DEFAULT 1,
+    last_batch bigint      NOT NULL DEFAULT 0,
+    CONSTRAINT gd_lanes_key UNIQUE (queue, fsm, priority)
+) WITH (fillfactor = 10);
+
+-- The log: one entry per time a row became ready. Nothing updates an entry; a row that
+-- moved on (its step committed, it was cancelled, reaped and appended again) leaves its
+-- old entry behind, which a read skips (`ready_seq` differs). Reclaimed by whole ranges of
+-- seq (partitions), never by DELETE.
+CREATE TABLE gd_ready (
+    lane integer NOT NULL,
+    seq  bigint  NOT NULL,
+    id   bigint  NOT NULL
+) PARTITION BY RANGE (seq);
+
+CREATE TABLE gd_ready_default PARTITION OF gd_ready DEFAULT;
+
+-- A claim counts a lane's entries in a range, a read joins them to their rows.
+CREATE INDEX gd_ready_lane_seq ON gd_ready (lane, seq) INCLUDE (id);
+
+-- One lease per claim, not per row: the range [lo, hi) of a lane that `node` runs, until
+-- `expires_at` (a heartbeat moves it on). Logged: after a crash the reaper finds here the
+-- ranges that were in flight. `batch` is at least the claim's time in microseconds (as a
+-- lease epoch is), so a claim that a server crash forgot is never given again: the
+-- commit's fence asks that its batch exist.
+CREATE TABLE gd_batches (
+    lane       integer     NOT NULL,
+    batch      bigint      NOT NULL,
+    lo         bigint      NOT NULL,
+    hi         bigint      NOT NULL,
+    node       text        NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (lane, batch)
+);
+
+-- The reaper reads expired batches by expiry; a heartbeat and a drain, by node.
+CREATE INDEX gd_batches_expires ON gd_batches (expires_at);
+CREATE INDEX gd_batches_node ON gd_batches (node);
+
+-- Rows that are ready later (a delay, a backoff, a `run_at`), by when: the promoter
+-- appends them once due. A row may be here more than once (delayed twice); the promoter
+-- appends only a row that still waits for an entry.
+CREATE TABLE gd_due (
+    id bigint      NOT NULL,
+    at timestamptz NOT NULL
+);
+
+CREATE INDEX gd_due_at ON gd_due (at);
+
+-- A lane's append lock is the advisory lock (1734631276, lane) ('gd_l'): every transaction
+-- that appends to a lane holds it shared, from before it takes its first seq until it
+-- ends; a claim that moves the lane's watermark takes it exclusive (`gd_advance`).
+-- Applications must not use advisory locks with this first key.
+
+-- Appends an entry for each row of `p_ids` that waits for one: `runnable`, no entry,
+-- no K = 1 key, gate or rate limit. A row due later is put in `gd_due` instead. Sets the
+-- row's `ready_seq`, the fence of its next step. Returns the queues it appended to (for
+-- their wake-up). Its transaction must end soon after: it holds the lanes' append locks,
+-- which a claim that moves their watermark waits for.
+CREATE FUNCTION gd_append(p_ids int8[], p_now timestamptz) RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    t     timestamptz := coalesce(p_now, statement_timestamp());
+    rows_ int8[];
+    ready int8[];
+BEGIN
+    SELECT coalesce(array_agg(x.id), '{}'),
+           coalesce(array_agg(x.id) FILTER (WHERE x.eligible_at <= t), '{}')
+      INTO rows_, ready
+      FROM (SELECT i.id, i.eligible_at FROM gd_instances i
+             WHERE i.id = ANY (p_ids) AND i.status = 'runnable' AND i.ready_seq IS NULL
+               AND i.partition_key IS NULL AND i.gate IS NULL AND i.rate_limit IS NULL
+             ORDER BY i.id
+               FOR NO KEY UPDATE) x;
+    IF cardinality(rows_) > cardinality(ready) THEN
+        INSERT INTO gd_due (id, at)
+        SELECT i.id, i.eligible_at FROM gd_instances i
+         WHERE i.id = ANY (rows_) AND i.id <> ALL (ready);
+    END IF;
+    IF cardinality(ready) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO gd_lanes (queue, fsm, priority)
+    SELECT DISTINCT i.queue, i.fsm, i.priority FROM gd_instances i WHERE i.id = ANY (ready)
+    ON CONFLICT DO NOTHING;
+    -- The append locks, in lane order, as a claim's ticks take theirs, before any seq.
+    PERFORM pg_advisory_xact_lock_shared(1734631276, x.lane) FROM (
+        SELECT DISTINCT l.lane FROM gd_instances i
+          JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+         WHERE i.id = ANY (ready)
+         ORDER BY l.lane) x;
+    -- Seqs in pick order, so a lane serves its rows first in, first out.
+    RETURN QUERY
+    WITH s AS MATERIALIZED (
+        SELECT x.id, x.lane, nextval('gd_ready_seq') AS seq FROM (
+            SELECT i.id, l.lane FROM gd_instances i
+              JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+             WHERE i.id = ANY (ready)
+             ORDER BY i.priority, i.eligible_at, i.id) x
+    ), a AS (
+        UPDATE gd_instances i SET ready_seq = s.seq FROM s WHERE i.id = s.id
+        RETURNING i.queue
+    ), e AS (
+        INSERT INTO gd_ready (lane, seq, id) SELECT s.lane, s.seq, s.id FROM s
+    )
+    SELECT DISTINCT a.queue FROM a;
+END
+$$;
+
+-- A claim of up to `p_demand` entries of queue `p_queue`'s lanes of FSMs `p_names`, the
+-- most urgent priority first, and within one the lane whose cursor is furthest behind.
+-- Each lane it takes from gets one batch, the range [lo, hi) of its entries; nothing is
+-- written per row. Runs in a short transaction of its own (the lanes' rows are locked
+-- until it ends); the rows are read after it commits (`gd_read`). Takes nothing from a
+-- paused queue.
+--
+-- The watermark (PgQ's tick): a lane whose settled range is used up takes its append lock
+-- exclusive, which waits for the appenders in flight and holds back new ones until this
+-- claim ends. Every seq handed out before is then committed or rolled back, so the end of
+-- the sequence is safe. A snapshot cannot say it: its `xmax` is one past the last
+-- *completed* transaction, so a running appender newer than every completed one is
+-- neither below it nor in its in-progress list (gd_proto found entries lost that way).
+-- Locks are taken in lane order, as appenders take theirs, so the two cannot deadlock.
+CREATE FUNCTION gd_advance(p_queue text, p_names text[], p_demand int8, p_node text,
+                           p_lease_ms int8, p_now timestamptz)
+RETURNS TABLE (lane integer, batch bigint, lo bigint, hi bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    t      timestamptz := coalesce(p_now, statement_timestamp());
+    want   int8 := p_demand;
+    ticked bool := false;
+    top    int8;
+    c      record;
+    n      int8;
+    h      int8;
+    b      int8;
+BEGIN
+    IF p_demand <= 0 OR EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = p_queue) THEN
+        RETURN;
+    END IF;
+    FOR c IN SELECT l.lane, l.next_seq, l.safe_hi FROM gd_lanes l
+              WHERE l.queue = p_queue AND l.fsm = ANY (p_names)
+              ORDER BY l.lane
+                FOR NO KEY UPDATE
+    LOOP
+        IF c.next_seq >= c.safe_hi THEN
+            PERFORM pg_advisory_xact_lock(1734631276, c.lane);
+            ticked := true;
+        END IF;
+    END LOOP;
+    IF ticked THEN
+        SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+          INTO top FROM gd_ready_seq s;
+        UPDATE gd_lanes l SET safe_hi = top
+         WHERE l.queue = p_queue AND l.fsm = ANY (p_names) AND l.next_seq >= l.safe_hi;
+    END IF;
+    FOR c IN SELECT l.lane, l.next_seq, l.safe_hi, l.last_batch FROM gd_lanes l
+              WHERE l.queue = p_queue AND l.fsm = ANY (p_names) AND l.next_seq < l.safe_hi
+              ORDER BY l.priority, l.next_seq
+    LOOP
+        SELECT count(*), max(r.seq) INTO n, h FROM (
+            SELECT r.seq FROM gd_ready r
+             WHERE r.lane = c.lane AND r.seq >= c.next_seq AND r.seq < c.safe_hi
+             ORDER BY r.seq
+             LIMIT want) r;
+        -- Up to the watermark when the lane's settled entries are all taken.
+        h := CASE WHEN n < want THEN c.safe_hi ELSE h + 1 END;
+        IF n = 0 THEN
+            UPDATE gd_lanes l SET next_seq = h WHERE l.lane = c.lane;
+            CONTINUE;
+        END IF;
+        b := greatest(c.last_batch + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::int8);
+        UPDATE gd_lanes l SET next_seq = h, last_batch = b WHERE l.lane = c.lane;
+        INSERT INTO gd_batches (lane, batch, lo, hi, node, expires_at)
+        VALUES (c.lane, b, c.next_seq, h, p_node, t + p_lease_ms * interval '1 millisecond');
+        lane := c.lane; batch := b; lo := c.next_seq; hi := h;
+        RETURN NEXT;
+        want := want - n;
+        EXIT WHEN want <= 0;
+    END LOOP;
+END
+$$;
+
+-- The rows of batches `p_batches` (pairs: lane, batch, ...) that still wait at their
+-- entry, with what a step needs (as a claim of claim.sql returns it): inbox, children.
+-- `lease_epoch` is the entry's seq, the fence of the row's outcome. A row that moved on
+-- (its entry redelivered, the row cancelled) is skipped. A row at a version this node
+-- cannot run is given back: ready again in a second, for a node that can.
+--
+-- PL/pgSQL keeps the plan, and `enable_seqscan = off` keeps it on the indexes: a segment
+-- made empty and analyzed empty was read by a sequential scan once it had filled
+-- (gd_proto, `Lwdp`).
+CREATE FUNCTION gd_read(p_batches int8[], p_names text[], p_versions int4[], p_now timestamptz)
+RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
+    awaits text[], lease_epoch bigint, partition_key text, gate text, inbox json, children json,
+    now timestamptz)
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET jit = off
+AS $read$
+#variable_conflict use_column
+DECLARE
+    t timestamptz := coalesce(p_now, statement_timestamp());
+BEGIN
+    RETURN QUERY
+    WITH b AS (
+        SELECT p_batches[2 * k - 1]::int4 AS lane, p_batches[2 * k] AS batch
+          FROM generate_series(1, cardinality(p_batches) / 2) k
+    ), e AS MATERIALIZED (
+        SELECT i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, r.seq,
+               (i.fsm, i.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions)) AS runs
+          FROM b
+          JOIN gd_batches gb ON gb.lane = b.lane AND gb.batch = b.batch
+          JOIN gd_ready r ON r.lane = gb.lane AND r.seq >= gb.lo AND r.seq < gb.hi
+          CROSS JOIN LATERAL (
+              SELECT i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits,
+                     i.ready_seq, i.status
+                FROM gd_instances i WHERE i.id = r.id LIMIT 1) i
+         WHERE i.ready_seq = r.seq AND i.status = 'runnable'
+    ), back AS (
+        UPDATE gd_instances i SET ready_seq = NULL, eligible_at = t + interval '1 second'
+          FROM e
+         WHERE i.id = e.id AND NOT e.runs AND i.ready_seq = e.seq
+        RETURNING i.id, i.eligible_at
+    ), due AS (
+        INSERT INTO gd_due (id, at) SELECT back.id, back.eligible_at FROM back
+    )
+    SELECT e.id, e.fsm, e.fsm_version, e.step, e.state, e.attempt, e.awaits, e.seq,
+           NULL::text, NULL::text,
+           coalesce(sg.inbox, '[]'), coalesce(kid.children, '[]'), t
+      FROM e
+      LEFT JOIN (SELECT s.target_id, json_agg(json_build_object(
+                       'id', s.id, 'name', s.name, 'payload', s.payload,
+                       'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id) AS inbox
+                   FROM gd_signals s WHERE s.target_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
+                  GROUP BY s.target_id) sg ON sg.target_id = e.id
+      LEFT JOIN (SELECT ch.parent_id, json_agg(json_build_object(
+                       'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
+                       'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id) AS children
+                   FROM gd_instances ch WHERE ch.parent_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
+                  GROUP BY ch.parent_id) kid ON kid.parent_id = e.id
+     WHERE e.runs
+     ORDER BY e.seq;
+END
+$read$;
+
+-- Appends the due rows of `gd_due`, at most `p_limit` entries of it, oldest first (the
+-- promoter: each node runs it, `SKIP LOCKED`, so nodes share the work and never wait for
+-- one another). A row whose due time moved later is put back by `gd_append`; one that no
+-- longer waits (cancelled, already appended) is dropped. Returns the queues it woke.
+CREATE FUNCTION gd_promote(p_limit int8, p_now timestamptz) RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    t   timestamptz := coalesce(p_now, statement_timestamp());
+    ids int8[];
+BEGIN
+    WITH d AS (
+        DELETE FROM gd_due d
+         WHERE d.ctid = ANY (ARRAY(SELECT x.ctid FROM gd_due x WHERE x.at <= t
+                                    ORDER BY x.at LIMIT p_limit FOR UPDATE SKIP LOCKED))
+        RETURNING d.id
+    )
+    SELECT array_agg(DISTINCT d.id ORDER BY d.id) INTO ids FROM d;
+    IF ids IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM gd_append(ids, p_now);
+    END IF;
+END
+$$;
+
+-- The reaper of batches: a batch whose lease ran out gives back the rows still at their
+-- entry in it. Each goes to the end of its lane with `attempt + 1` and `reaps + 1`, or
+-- fails once `reaps` reaches `max_reaps` (or a cancel was requested), as `gd_reap` does
+-- for a row's lease (lease.sql), a restart's leases spared likewise (a batch's id is its
+-- claim's time). The row's fence moves with `ready_seq`, so the worker that held the
+-- batch can commit nothing of it. A batch one of whose rows (or a failing row's parent)
+-- someone holds is left whole for the next pass: its worker may be committing it.
+-- Returns each row it gave back or failed.
+CREATE FUNCTION gd_reap_batches(p_limit int8, p_now timestamptz, p_lease_ms int8)
+RETURNS TABLE (id int8, failed bool) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    t       timestamptz := coalesce(p_now, statement_timestamp());
+    started timestamptz := CASE WHEN p_now IS NULL THEN pg_postmaster_start_time()
+                                ELSE '-infinity' END;
+    g       record;
+    want    int8[];
+    got     int8[];
+    fail    int8[];
+    parents int8[];
+    back    int8[] := '{}';
+    fails   int8[] := '{}';
+    ended   int8[] := '{}';
+    counts  bool;
+BEGIN
+    FOR g IN SELECT b.lane, b.batch, b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+              WHERE b.expires_at < t ORDER BY b.expires_at LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT coalesce(array_agg(r.id), '{}') INTO want FROM gd_ready r
+          JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq AND i.status = 'runnable'
+         WHERE r.lane = g.lane AND r.seq >= g.lo AND r.seq < g.hi;
+        SELECT coalesce(array_agg(x.id), '{}') INTO got FROM (
+            SELECT i.id FROM gd_instances i WHERE i.id = ANY (want)
+             ORDER BY i.id FOR NO KEY UPDATE SKIP LOCKED) x;
+        CONTINUE WHEN cardinality(got) < cardinality(want);
+        -- As locked: still at their entry in this batch.
+        SELECT coalesce(array_agg(i.id), '{}') INTO got FROM gd_instances i
+         WHERE i.id = ANY (got) AND i.status = 'runnable'
+           AND EXISTS (SELECT 1 FROM gd_ready r WHERE r.lane = g.lane AND r.seq = i.ready_seq
+                          AND r.seq >= g.lo AND r.seq < g.hi);
+        -- Not counted: a lease that ran out because the database was down.
+        counts := NOT (to_timestamp(g.batch / 1000000.0) < started
+                       AND g.expires_at < started + coalesce(p_lease_ms, 0) * interval '1 millisecond');
+        SELECT coalesce(array_agg(i.id), '{}') INTO fail FROM gd_instances i
+         WHERE i.id = ANY (got) AND (i.cancel_requested OR (counts AND i.reaps + 1 >= i.max_reaps));
+        SELECT coalesce(array_agg(x.id), '{}') INTO parents FROM (
+            SELECT p.id FROM gd_instances p
+             WHERE p.id IN (SELECT i.parent_id FROM gd_instances i WHERE i.id = ANY (fail))
+             ORDER BY p.id FOR NO KEY UPDATE SKIP LOCKED) x;
+        CONTINUE WHEN cardinality(parents) < (SELECT count(DISTINCT i.parent_id) FROM gd_instances i
+                                              WHERE i.id = ANY (fail));
+        UPDATE gd_instances i
+           SET status = (CASE WHEN i.id = ANY (fail) THEN 'failed' ELSE 'runnable' END)::gd_status,
+               last_error = CASE
+                   WHEN i.cancel_requested THEN 'cancelled'
+                   WHEN NOT counts
+                   THEN format('lease ran out while the database was down (started again at %s) on %s (batch %s); retrying, not counted toward max_reaps',
+                               pg_postmaster_start_time(), g.node, g.batch)
+                   WHEN i.id = ANY (fail)
+                   THEN format('lease lost %s times (max_reaps = %s): the step at %L never committed an outcome',
+                               i.reaps + 1, i.max_reaps, i.step)
+                   ELSE format('lease lost on %s (batch %s); retrying', g.node, g.batch) END,
+               attempt = i.attempt + 1,
+               reaps = i.reaps + CASE WHEN counts THEN 1 ELSE 0 END,
+               ready_seq = NULL,
+               eligible_at = t,
+               updated_at = t
+         WHERE i.id = ANY (got);
+        DELETE FROM gd_batches b WHERE b.lane = g.lane AND b.batch = g.batch;
+        back := back || ARRAY(SELECT x FROM unnest(got) x WHERE x <> ALL (fail));
+        fails := fails || fail;
+        ended := ended || ARRAY(SELECT i.parent_id FROM gd_instances i
+                                 WHERE i.id = ANY (fail) AND i.parent_id IS NOT NULL);
+    END LOOP;
+    PERFORM pg_notify('gd_wake', q) FROM gd_append(back, p_now) q;
+    PERFORM gd_rows_ended(nullif(fails, '{}'), nullif(ended, '{}'), t);
+    RETURN QUERY SELECT r, r = ANY (fails) FROM unnest(back || fails) r ORDER BY r;
+END
+$$;
+
+-- What a row that becomes ready with no entry does at its transaction's commit (the
+-- deferred trigger `gd_instances_enqueue`, attached when plain rows move to the log): it
+-- appends its entry then, so that an append made inside a long transaction of the
+-- caller's holds its lane's append lock only while that transaction commits.
+CREATE FUNCTION gd_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('gd_wake', q) FROM gd_append(ARRAY[NEW.id], NULL) q;
+    RETURN NULL;
+END
+$$;
