@@ -31,7 +31,8 @@
 --
 -- The CTEs, as `gd_claim` has them (the other two are the same statement without some):
 -- - `picked` is MATERIALIZED: the fence that makes `LIMIT` bound the rows locked. It reads
---   the pick index `(queue, priority, eligible_at, id) WHERE status = 'runnable'` in order
+--   the pick index `(queue, priority, eligible_at, id) WHERE status = 'runnable' AND (a key, a
+--   gate or a limit)` in order (plain rows are claimed from the log: log.sql)
 --   and stops after the batch: a pick is O(batch), not O(backlog). `FOR NO KEY UPDATE` (not
 --   `FOR UPDATE`) so that signal inserts, which take `KEY SHARE` on their target through
 --   the foreign key, don't wait. `SKIP LOCKED`: two nodes take different rows.
@@ -109,6 +110,7 @@ PERFORM 1 FROM gd_gates g
  WHERE g.name IN (SELECT hd.gate FROM gd_instances hd
                    WHERE hd.queue = $1
                      AND hd.status = 'runnable'
+                     AND (hd.partition_key IS NOT NULL OR hd.gate IS NOT NULL OR hd.rate_limit IS NOT NULL)
                      AND hd.eligible_at <= coalesce($7, now())
                      AND EXISTS (SELECT 1 FROM gd_gates)
                      AND (hd.fsm, hd.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
@@ -122,6 +124,7 @@ WITH head AS MATERIALIZED (
       FROM gd_instances hd
      WHERE hd.queue = $1
        AND hd.status = 'runnable'
+       AND (hd.partition_key IS NOT NULL OR hd.gate IS NOT NULL OR hd.rate_limit IS NOT NULL)
        AND hd.eligible_at <= coalesce($7, now())
        AND EXISTS (SELECT 1 FROM gd_gates)
        AND (hd.fsm, hd.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
@@ -145,6 +148,7 @@ WITH head AS MATERIALIZED (
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
+       AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
        AND i.eligible_at <= coalesce($7, now())
        AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
@@ -345,6 +349,7 @@ WITH picked AS MATERIALIZED (
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
+       AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
        AND i.eligible_at <= coalesce($7, now())
        AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))
@@ -521,6 +526,7 @@ WITH picked AS MATERIALIZED (
       FROM gd_instances i
      WHERE i.queue = $1
        AND i.status = 'runnable'
+       AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
        AND i.eligible_at <= coalesce($7, now())
        AND NOT EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = $1)
        AND (i.fsm, i.fsm_version) IN (SELECT * FROM unnest($2::text[], $3::int4[]))

@@ -129,6 +129,7 @@ DECLARE
     mine     int8[];
     how      int[];
     quick    int8[];
+    logged   int8[];
     wanted   int8[];
     parents  int8[];
     ready    int8[];
@@ -154,8 +155,8 @@ BEGIN
     --    sorted ids, and there what it is: `how` by position, 1 for a `done` or a `stop`,
     --    2 for the short path of statement 1, 0 for the rest.
     SELECT array_agg(CASE WHEN f.kind IN ('done', 'stop') THEN 1
-                          WHEN f.kind = 'next' AND f.ahead AND NOT coalesce(f.keyed, false)
-                               AND f.rate_limit IS NULL THEN 2
+                          WHEN f.kind = 'next' AND NOT coalesce(f.keyed, false)
+                               AND f.rate_limit IS NULL THEN CASE WHEN f.ahead THEN 2 ELSE 3 END
                           ELSE 0 END ORDER BY f.n)
       INTO how
       FROM unnest(p_kinds, p_run_ahead, p_keyed, p_rate_limits)
@@ -164,13 +165,14 @@ BEGIN
     --    `parent_id IS NOT NULL` matched the partial index over children, which the planner
     --    chose when the statistics said no row has a parent; 0017.)
     SELECT coalesce(array_agg(x.id), '{}'),
-           coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how = 2), '{}'),
+           coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how = 2 AND NOT x.log), '{}'),
+           coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how IN (2, 3) AND x.log), '{}'),
            coalesce(array_agg(DISTINCT x.parent_id)
                         FILTER (WHERE (x.cancelled OR x.how = 1) AND x.parent_id IS NOT NULL),
                     '{}')
-      INTO mine, quick, wanted
+      INTO mine, quick, logged, wanted
       FROM (SELECT i.id, i.parent_id, i.cancel_requested AS cancelled,
-                   how[width_bucket(i.id, p_ids)] AS how
+                   how[width_bucket(i.id, p_ids)] AS how, i.locked_by IS NULL AS log
               FROM gd_instances i
              WHERE i.id = ANY (p_ids)
              ORDER BY i.id
@@ -199,7 +201,9 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(i.id), '{}') INTO deferred FROM gd_instances i
          WHERE i.id = ANY (p_ids) AND i.id <> ALL (ready)
-           AND i.locked_by = p_node AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)];
+           AND CASE WHEN i.locked_by IS NULL THEN i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
+                    ELSE i.locked_by = p_node
+                         AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)] END;
     END IF;
 
     -- 1. Apply every fenced outcome (what each kind writes: `Step` in fsm.rs); an `await`
@@ -210,6 +214,19 @@ BEGIN
     --    A run-ahead `next` that moves no key and takes no limit (`quick`, never a row
     --    that ends) writes only what such an outcome changes; the general `UPDATE` takes
     --    the rest, a cancelled row included.
+    --    A plain row claimed from the log (`locked_by` NULL) is fenced by its entry
+    --    (`ready_seq`, in a batch this node holds: a batch a server crash forgot is gone,
+    --    and with it the commits of the worker that ran it). Its `next` that moves no key
+    --    and takes no limit (`logged`) writes only what it changes: a new entry at the end
+    --    of its lane, or the same entry when it runs ahead, so its update can be HOT; the
+    --    append locks of its lanes are taken first (log.sql).
+    IF cardinality(logged) > 0 THEN
+        PERFORM pg_advisory_xact_lock_shared(1734631276, x.lane) FROM (
+            SELECT DISTINCT l.lane FROM gd_instances i
+              JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+             WHERE i.id = ANY (logged) AND NOT p_run_ahead[width_bucket(i.id, p_ids)]
+             ORDER BY l.lane) x;
+    END IF;
     WITH fast AS (
         UPDATE gd_instances i
            SET (step, state, last_error) = (
@@ -221,17 +238,39 @@ BEGIN
          WHERE i.id = ANY (quick)
            AND i.locked_by = p_node
            AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)]
-        RETURNING i.id, i.status, i.parent_id, i.queue
+        RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
+    ), logd AS (
+        UPDATE gd_instances i
+           SET (step, state, last_error) = (
+                   SELECT p_steps[x.n], coalesce(p_states[x.n], i.state), p_errors[x.n]
+                     FROM (SELECT width_bucket(i.id, p_ids) AS n) x),
+               awaits = '{}', await_deadline = NULL, attempt = 0, reaps = 0, updated_at = t,
+               ready_seq = CASE WHEN p_run_ahead[width_bucket(i.id, p_ids)] THEN i.ready_seq
+                                ELSE nextval('gd_ready_seq') END
+         WHERE i.id = ANY (logged)
+           AND i.locked_by IS NULL AND i.status = 'runnable'
+           AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
+           AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                        WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+                          AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+        RETURNING i.id, i.status, i.parent_id, i.queue, i.fsm, i.priority, i.ready_seq,
+                  p_run_ahead[width_bucket(i.id, p_ids)] AS ahead
+    ), appended AS (
+        INSERT INTO gd_ready (lane, seq, id)
+        SELECT l.lane, g.ready_seq, g.id FROM logd g
+          JOIN gd_lanes l ON l.queue = g.queue AND l.fsm = g.fsm AND l.priority = g.priority
+         WHERE NOT g.ahead
     ), slow AS (
         UPDATE gd_instances i
            SET (step, state, status, result, last_error, awaits, await_deadline,
                 eligible_at, attempt, reaps, children_pending, locked_by,
                 lease_expires_at, updated_at, partition_key, gate, rate_limit, rate_key,
-                rate_weight, rate_step, rate_paid) = (
+                rate_weight, rate_step, rate_paid, ready_seq) = (
                SELECT coalesce(CASE WHEN e.kind <> 'stop' THEN p_steps[e.n] END, i.step),
                       coalesce(p_states[e.n], i.state),
                       (CASE
-                           WHEN e.kind = 'next' AND p_run_ahead[e.n] THEN 'executing'
+                           WHEN e.kind = 'next' AND p_run_ahead[e.n] AND i.locked_by IS NOT NULL
+                           THEN 'executing'
                            WHEN e.kind IN ('next', 'replay') THEN 'runnable'
                            WHEN e.kind = 'await' THEN 'awaiting_signal'
                            WHEN e.kind = 'schedule_childs' THEN
@@ -252,7 +291,8 @@ BEGIN
                       -- A row that runs ahead keeps its eligibility (it is not
                       -- runnable; a release or the reaper sets it): with `updated_at`
                       -- unindexed (migration 0014), such a step's update is HOT.
-                      CASE WHEN e.kind = 'next' AND p_run_ahead[e.n] THEN i.eligible_at
+                      CASE WHEN e.kind = 'next' AND p_run_ahead[e.n] AND i.locked_by IS NOT NULL
+                           THEN i.eligible_at
                            ELSE t + CASE WHEN e.kind = 'replay'
                                          THEN p_delays[e.n] * interval '1 millisecond'
                                          ELSE interval '0' END END,
@@ -277,7 +317,10 @@ BEGIN
                            THEN gd_rate_weight(p_rate_limits[e.n], p_rate_weights[e.n]) END,
                       CASE WHEN NOT e.moves THEN i.rate_step
                            WHEN p_rate_limits[e.n] IS NOT NULL THEN p_steps[e.n] END,
-                      CASE WHEN e.moves THEN false ELSE i.rate_paid END
+                      CASE WHEN e.moves THEN false ELSE i.rate_paid END,
+                      -- Off the log: a plain row that is ready again gets its entry at
+                      -- commit (`gd_instances_enqueue`, log.sql).
+                      NULL::int8
                  -- The effective outcome: `stop` "cancelled" if a cancel was requested.
                  FROM (SELECT x.n,
                               CASE WHEN i.cancel_requested THEN 'stop'
@@ -291,25 +334,33 @@ BEGIN
                          FROM (SELECT width_bucket(i.id, p_ids) AS n) x) e)
          WHERE i.id = ANY (ready)
            AND i.id <> ALL (quick)
-           AND i.locked_by = p_node
-           AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)]
-        RETURNING i.id, i.status, i.parent_id, i.queue
+           AND i.id <> ALL (logged)
+           AND CASE WHEN i.locked_by IS NULL
+                    THEN i.status = 'runnable'
+                         AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
+                         AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                                     WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+                                       AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+                    ELSE i.locked_by = p_node
+                         AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)] END
+        RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
     ), upd AS (
         SELECT * FROM fast UNION ALL SELECT * FROM slow
+        UNION ALL SELECT g.id, g.status, g.parent_id, g.queue, g.ahead FROM logd g
     ), consumed AS (
         DELETE FROM gd_signals s USING upd u
          WHERE s.id = ANY (p_consumed) AND s.target_id = u.id
         RETURNING 1
     )
     SELECT coalesce(array_agg(u.id ORDER BY u.id), '{}'),
-           coalesce(array_agg(u.id) FILTER (WHERE u.status = 'executing'), '{}'),
+           coalesce(array_agg(u.id) FILTER (WHERE u.status = 'executing' OR u.ahead), '{}'),
            array_agg(u.id) FILTER (WHERE u.status IN ('done', 'failed')),
            array_agg(u.parent_id) FILTER (WHERE u.status IN ('done', 'failed')
                                             AND u.parent_id IS NOT NULL),
            array_agg(u.id) FILTER (WHERE u.status = 'awaiting_signal'),
            (SELECT count(pg_notify('gd_wake', q))
               FROM (SELECT DISTINCT queue AS q FROM upd
-                     WHERE status = 'runnable' AND queue = ANY (p_notify)) w)
+                     WHERE status = 'runnable' AND NOT ahead AND queue = ANY (p_notify)) w)
       INTO committed, continued, finished, ended, parked, notified
       FROM upd u;
 

@@ -115,7 +115,9 @@ END
 $$;
 
 -- Gives rows back to `runnable` without counting an attempt: a draining worker's buffer, or
--- steps cancelled at the drain deadline. Fenced like an outcome; a row whose instance was
+-- steps cancelled at the drain deadline. A plain row claimed from the log (`locked_by`
+-- NULL, its epoch its entry) gets a new entry at the end of its lane, at commit
+-- (`gd_instances_enqueue`, log.sql). Fenced like an outcome; a row whose instance was
 -- cancelled meanwhile fails instead, as its commit would have. Locks as the reaper does: a
 -- row it cannot take at once is left to its lease's expiry. Returns the released ids.
 CREATE FUNCTION gd_release(p_ids int8[], p_epochs int8[], p_node text, p_now timestamptz)
@@ -133,7 +135,10 @@ BEGIN
     SELECT coalesce(array_agg(x.id), '{}') INTO mine FROM (
         SELECT i.id FROM gd_instances i
           JOIN unnest(p_ids, p_epochs) AS l(id, epoch) ON l.id = i.id
-         WHERE i.lease_epoch = l.epoch AND i.locked_by = p_node AND i.status = 'executing'
+         WHERE CASE WHEN i.locked_by IS NULL
+                    THEN i.status = 'runnable' AND i.ready_seq = l.epoch
+                    ELSE i.lease_epoch = l.epoch AND i.locked_by = p_node
+                         AND i.status = 'executing' END
          ORDER BY i.id
            FOR NO KEY UPDATE OF i SKIP LOCKED) x;
     IF cardinality(mine) = 0 THEN
@@ -149,7 +154,7 @@ BEGIN
         UPDATE gd_instances i
            SET status = (CASE WHEN i.cancel_requested THEN 'failed' ELSE 'runnable' END)::gd_status,
                last_error = CASE WHEN i.cancel_requested THEN 'cancelled' ELSE i.last_error END,
-               locked_by = NULL, lease_expires_at = NULL, updated_at = t
+               locked_by = NULL, lease_expires_at = NULL, updated_at = t, ready_seq = NULL
          WHERE i.id = ANY (mine)
            AND (i.parent_id IS NULL OR i.parent_id = ANY (parents) OR NOT i.cancel_requested)
         RETURNING i.id, i.status, i.parent_id, i.queue

@@ -3,9 +3,10 @@
 -- never updated; claims take whole ranges of a lane's entries below a watermark, and the
 -- durable row is written once per step, by its outcome.
 --
--- Not yet the engine's path: the tables and functions are here so that the next steps
--- (the claim, the commit, the switch of plain rows to the log) build on a tested base.
--- Rows with a K = 1 key, a gate or a rate limit stay on the row-by-row claims of claim.sql.
+-- Plain rows live on the log: rows with no K = 1 key, no gate and no rate limit. Rows with
+-- one stay on the row-by-row claims of claim.sql (their admission is decided per row).
+-- A plain row that runs keeps the status `runnable`: it is executing while its entry lies
+-- in a live batch (`gd_batches`), and nothing is written to it when it is claimed.
 
 -- Every entry's place in the log, across lanes: its order, and the per-row fence
 -- (`gd_instances.ready_seq`). One sequence for all lanes, so that seqs order entries
@@ -62,15 +63,17 @@ CREATE TABLE gd_batches (
 CREATE INDEX gd_batches_expires ON gd_batches (expires_at);
 CREATE INDEX gd_batches_node ON gd_batches (node);
 
--- Rows that are ready later (a delay, a backoff, a `run_at`), by when: the promoter
--- appends them once due. A row may be here more than once (delayed twice); the promoter
--- appends only a row that still waits for an entry.
+-- Rows that are ready later (a delay, a backoff, a `run_at`), by queue and when: a claim
+-- of the queue appends them once due. A row may be here more than once (delayed twice);
+-- only a row that still waits for an entry is appended.
 CREATE TABLE gd_due (
-    id bigint      NOT NULL,
-    at timestamptz NOT NULL
+    id    bigint      NOT NULL,
+    queue text        NOT NULL,
+    at    timestamptz NOT NULL
 );
 
-CREATE INDEX gd_due_at ON gd_due (at);
+-- A claim of a queue promotes that queue's due rows (`gd_advance`).
+CREATE INDEX gd_due_queue_at ON gd_due (queue, at);
 
 -- A lane's append lock is the advisory lock (1734631276, lane) ('gd_l'): every transaction
 -- that appends to a lane holds it shared, from before it takes its first seq until it
@@ -81,8 +84,10 @@ CREATE INDEX gd_due_at ON gd_due (at);
 -- no K = 1 key, gate or rate limit. A row due later is put in `gd_due` instead. Sets the
 -- row's `ready_seq`, the fence of its next step. Returns the queues it appended to (for
 -- their wake-up). Its transaction must end soon after: it holds the lanes' append locks,
--- which a claim that moves their watermark waits for.
-CREATE FUNCTION gd_append(p_ids int8[], p_now timestamptz) RETURNS SETOF text
+-- which a claim that moves their watermark waits for. `p_held`: the caller holds the
+-- rows' lanes' append locks exclusive already (a claim promoting due rows).
+CREATE FUNCTION gd_append(p_ids int8[], p_now timestamptz, p_held boolean DEFAULT false)
+RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -99,22 +104,29 @@ BEGIN
              ORDER BY i.id
                FOR NO KEY UPDATE) x;
     IF cardinality(rows_) > cardinality(ready) THEN
-        INSERT INTO gd_due (id, at)
-        SELECT i.id, i.eligible_at FROM gd_instances i
+        INSERT INTO gd_due (id, queue, at)
+        SELECT i.id, i.queue, i.eligible_at FROM gd_instances i
          WHERE i.id = ANY (rows_) AND i.id <> ALL (ready);
     END IF;
     IF cardinality(ready) = 0 THEN
         RETURN;
     END IF;
+    -- New lanes only: a lane's row is updated by every claim of it, and under REPEATABLE
+    -- READ an `ON CONFLICT` that meets a version newer than the snapshot fails to serialize.
     INSERT INTO gd_lanes (queue, fsm, priority)
-    SELECT DISTINCT i.queue, i.fsm, i.priority FROM gd_instances i WHERE i.id = ANY (ready)
+    SELECT DISTINCT i.queue, i.fsm, i.priority FROM gd_instances i
+     WHERE i.id = ANY (ready)
+       AND NOT EXISTS (SELECT 1 FROM gd_lanes l WHERE l.queue = i.queue AND l.fsm = i.fsm
+                          AND l.priority = i.priority)
     ON CONFLICT DO NOTHING;
     -- The append locks, in lane order, as a claim's ticks take theirs, before any seq.
-    PERFORM pg_advisory_xact_lock_shared(1734631276, x.lane) FROM (
-        SELECT DISTINCT l.lane FROM gd_instances i
-          JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
-         WHERE i.id = ANY (ready)
-         ORDER BY l.lane) x;
+    IF NOT p_held THEN
+        PERFORM pg_advisory_xact_lock_shared(1734631276, x.lane) FROM (
+            SELECT DISTINCT l.lane FROM gd_instances i
+              JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+             WHERE i.id = ANY (ready)
+             ORDER BY l.lane) x;
+    END IF;
     -- Seqs in pick order, so a lane serves its rows first in, first out.
     RETURN QUERY
     WITH s AS MATERIALIZED (
@@ -147,15 +159,24 @@ $$;
 -- *completed* transaction, so a running appender newer than every completed one is
 -- neither below it nor in its in-progress list (gd_proto found entries lost that way).
 -- Locks are taken in lane order, as appenders take theirs, so the two cannot deadlock.
+--
+-- A row with `keyed` true (and no range) says that rows of the queue that are claimed by
+-- themselves (a K = 1 key, a gate, a limit) are due: the engine claims those too, and
+-- this claim takes at most half the demand.
+--
+-- First, it appends the queue's due rows (`gd_due`) for the FSMs it claims: it holds
+-- their lanes' locks exclusive then, so it appends as the lanes' only appender. A delay
+-- is over when a claim of its queue comes, at the latest the engine's next poll.
 CREATE FUNCTION gd_advance(p_queue text, p_names text[], p_demand int8, p_node text,
                            p_lease_ms int8, p_now timestamptz)
-RETURNS TABLE (lane integer, batch bigint, lo bigint, hi bigint)
+RETURNS TABLE (lane integer, batch bigint, lo bigint, hi bigint, keyed boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     t      timestamptz := coalesce(p_now, statement_timestamp());
     want   int8 := p_demand;
-    ticked bool := false;
+    due    int8[];
+    ticks  int4[];
     top    int8;
     c      record;
     n      int8;
@@ -165,21 +186,54 @@ BEGIN
     IF p_demand <= 0 OR EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = p_queue) THEN
         RETURN;
     END IF;
-    FOR c IN SELECT l.lane, l.next_seq, l.safe_hi FROM gd_lanes l
-              WHERE l.queue = p_queue AND l.fsm = ANY (p_names)
-              ORDER BY l.lane
-                FOR NO KEY UPDATE
-    LOOP
-        IF c.next_seq >= c.safe_hi THEN
-            PERFORM pg_advisory_xact_lock(1734631276, c.lane);
-            ticked := true;
+    -- Rows of the queue claimed by themselves are due too (one probe of the pick index),
+    -- or wait for tokens they reserved (their claim says when they are due): half the
+    -- demand is left to their claim, which the engine runs only then.
+    IF EXISTS (SELECT 1 FROM gd_instances i
+                WHERE i.queue = p_queue AND i.status = 'runnable'
+                  AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL
+                       OR i.rate_limit IS NOT NULL)
+                  AND (i.eligible_at <= t OR i.rate_paid) AND i.fsm = ANY (p_names)) THEN
+        want := greatest(p_demand / 2, 1);
+        lane := NULL; batch := NULL; lo := NULL; hi := NULL; keyed := true;
+        RETURN NEXT;
+    END IF;
+    keyed := false;
+    WITH d AS (
+        DELETE FROM gd_due d
+         WHERE d.queue = p_queue AND d.at <= t
+           AND d.id IN (SELECT i.id FROM gd_instances i WHERE i.id = d.id AND i.fsm = ANY (p_names))
+        RETURNING d.id
+    )
+    SELECT array_agg(DISTINCT d.id) INTO due FROM d;
+    IF due IS NOT NULL THEN
+        INSERT INTO gd_lanes (queue, fsm, priority)
+        SELECT DISTINCT i.queue, i.fsm, i.priority FROM gd_instances i
+         WHERE i.id = ANY (due)
+           AND NOT EXISTS (SELECT 1 FROM gd_lanes l WHERE l.queue = i.queue AND l.fsm = i.fsm
+                              AND l.priority = i.priority)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    -- The lanes to tick: those whose settled range is used up, and those of the due rows.
+    SELECT coalesce(array_agg(l.lane ORDER BY l.lane)
+                        FILTER (WHERE l.next_seq >= l.safe_hi OR l.lane = ANY (x.due_lanes)), '{}')
+      INTO ticks
+      FROM (SELECT l.lane, l.next_seq, l.safe_hi FROM gd_lanes l
+             WHERE l.queue = p_queue AND l.fsm = ANY (p_names)
+             ORDER BY l.lane
+               FOR NO KEY UPDATE) l,
+           (SELECT ARRAY(SELECT l.lane FROM gd_instances i
+                           JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm
+                                          AND l.priority = i.priority
+                          WHERE i.id = ANY (due)) AS due_lanes) x;
+    IF cardinality(ticks) > 0 THEN
+        PERFORM pg_advisory_xact_lock(1734631276, k) FROM unnest(ticks) k;
+        IF due IS NOT NULL THEN
+            PERFORM gd_append(due, p_now, true);
         END IF;
-    END LOOP;
-    IF ticked THEN
         SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
           INTO top FROM gd_ready_seq s;
-        UPDATE gd_lanes l SET safe_hi = top
-         WHERE l.queue = p_queue AND l.fsm = ANY (p_names) AND l.next_seq >= l.safe_hi;
+        UPDATE gd_lanes l SET safe_hi = top WHERE l.lane = ANY (ticks);
     END IF;
     FOR c IN SELECT l.lane, l.next_seq, l.safe_hi, l.last_batch FROM gd_lanes l
               WHERE l.queue = p_queue AND l.fsm = ANY (p_names) AND l.next_seq < l.safe_hi
@@ -212,7 +266,8 @@ $$;
 -- entry, with what a step needs (as a claim of claim.sql returns it): inbox, children.
 -- `lease_epoch` is the entry's seq, the fence of the row's outcome. A row that moved on
 -- (its entry redelivered, the row cancelled) is skipped. A row at a version this node
--- cannot run is given back: ready again in a second, for a node that can.
+-- cannot run is given back: ready again in a second, for a node that can (`gd_due`, by
+-- `gd_instances_enqueue` at this statement's commit).
 --
 -- PL/pgSQL keeps the plan, and `enable_seqscan = off` keeps it on the indexes: a segment
 -- made empty and analyzed empty was read by a sequential scan once it had filled
@@ -220,7 +275,7 @@ $$;
 CREATE FUNCTION gd_read(p_batches int8[], p_names text[], p_versions int4[], p_now timestamptz)
 RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
     awaits text[], lease_epoch bigint, partition_key text, gate text, inbox json, children json,
-    now timestamptz)
+    now timestamptz, lane integer, batch bigint)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
@@ -236,7 +291,7 @@ BEGIN
           FROM generate_series(1, cardinality(p_batches) / 2) k
     ), e AS MATERIALIZED (
         SELECT i.id, i.fsm, i.fsm_version, i.step, i.state, i.attempt, i.awaits, r.seq,
-               (i.fsm, i.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions)) AS runs
+               gb.lane, gb.batch, (i.fsm, i.fsm_version) IN (SELECT * FROM unnest(p_names, p_versions)) AS runs
           FROM b
           JOIN gd_batches gb ON gb.lane = b.lane AND gb.batch = b.batch
           JOIN gd_ready r ON r.lane = gb.lane AND r.seq >= gb.lo AND r.seq < gb.hi
@@ -249,13 +304,11 @@ BEGIN
         UPDATE gd_instances i SET ready_seq = NULL, eligible_at = t + interval '1 second'
           FROM e
          WHERE i.id = e.id AND NOT e.runs AND i.ready_seq = e.seq
-        RETURNING i.id, i.eligible_at
-    ), due AS (
-        INSERT INTO gd_due (id, at) SELECT back.id, back.eligible_at FROM back
+        RETURNING i.id
     )
     SELECT e.id, e.fsm, e.fsm_version, e.step, e.state, e.attempt, e.awaits, e.seq,
            NULL::text, NULL::text,
-           coalesce(sg.inbox, '[]'), coalesce(kid.children, '[]'), t
+           coalesce(sg.inbox, '[]'), coalesce(kid.children, '[]'), t, e.lane, e.batch
       FROM e
       LEFT JOIN (SELECT s.target_id, json_agg(json_build_object(
                        'id', s.id, 'name', s.name, 'payload', s.payload,
@@ -271,29 +324,6 @@ BEGIN
      ORDER BY e.seq;
 END
 $read$;
-
--- Appends the due rows of `gd_due`, at most `p_limit` entries of it, oldest first (the
--- promoter: each node runs it, `SKIP LOCKED`, so nodes share the work and never wait for
--- one another). A row whose due time moved later is put back by `gd_append`; one that no
--- longer waits (cancelled, already appended) is dropped. Returns the queues it woke.
-CREATE FUNCTION gd_promote(p_limit int8, p_now timestamptz) RETURNS SETOF text
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    t   timestamptz := coalesce(p_now, statement_timestamp());
-    ids int8[];
-BEGIN
-    WITH d AS (
-        DELETE FROM gd_due d
-         WHERE d.ctid = ANY (ARRAY(SELECT x.ctid FROM gd_due x WHERE x.at <= t
-                                    ORDER BY x.at LIMIT p_limit FOR UPDATE SKIP LOCKED))
-        RETURNING d.id
-    )
-    SELECT array_agg(DISTINCT d.id ORDER BY d.id) INTO ids FROM d;
-    IF ids IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM gd_append(ids, p_now);
-    END IF;
-END
-$$;
 
 -- The reaper of batches: a batch whose lease ran out gives back the rows still at their
 -- entry in it. Each goes to the end of its lane with `attempt + 1` and `reaps + 1`, or
@@ -376,13 +406,106 @@ BEGIN
 END
 $$;
 
--- What a row that becomes ready with no entry does at its transaction's commit (the
--- deferred trigger `gd_instances_enqueue`, attached when plain rows move to the log): it
--- appends its entry then, so that an append made inside a long transaction of the
--- caller's holds its lane's append lock only while that transaction commits.
+-- Deletes up to `p_limit` dead entries of the log, oldest first: per lane, those below
+-- its cursor and below every live batch of it (each one taken, and its row ended or
+-- moved on to a newer entry). The collector's; returns how many it deleted. A stopgap
+-- until the log is reclaimed by whole segments (docs/design/storage-v2.md, step 3): the
+-- entries are narrow, and nothing reads below a lane's mark.
+CREATE FUNCTION gd_trim_log(p_limit int8) RETURNS int8
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n  int8 := 0;
+    m  int8;
+    hi int8;
+    c  record;
+BEGIN
+    FOR c IN SELECT l.lane,
+                    least(l.next_seq, (SELECT min(b.lo) FROM gd_batches b WHERE b.lane = l.lane))
+                        AS mark
+               FROM gd_lanes l ORDER BY l.lane
+    LOOP
+        SELECT x.seq INTO hi FROM gd_ready x
+         WHERE x.lane = c.lane AND x.seq < c.mark
+         ORDER BY x.seq OFFSET p_limit - n LIMIT 1;
+        DELETE FROM gd_ready r WHERE r.lane = c.lane AND r.seq < coalesce(hi, c.mark);
+        GET DIAGNOSTICS m = ROW_COUNT;
+        n := n + m;
+        EXIT WHEN n >= p_limit;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- Whether a plain row's step is running: its entry lies in a live batch. The status of
+-- such a row says `runnable`; what reads it as a status says `executing` (explain, counts,
+-- a cancel, which flags a running row instead of failing it).
+CREATE FUNCTION gd_on_batch(p_queue text, p_fsm text, p_priority smallint, p_seq int8)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT p_seq IS NOT NULL AND EXISTS (
+        SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+         WHERE l.queue = p_queue AND l.fsm = p_fsm AND l.priority = p_priority
+           AND b.lo <= p_seq AND b.hi > p_seq)
+$$;
+
+-- A row's status as a reader means it: `executing` for a plain row whose step runs
+-- (`gd_on_batch`), the stored status otherwise. Explain, the counts, a cancel and the
+-- dashboard read this; `gd_instances.status` itself says `runnable` for such a row.
+CREATE FUNCTION gd_status_of(i gd_instances) RETURNS gd_status
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN i.status = 'runnable'
+                     AND gd_on_batch(i.queue, i.fsm, i.priority, i.ready_seq)
+                THEN 'executing'::gd_status ELSE i.status END
+$$;
+
+-- The node whose worker runs a row's step now: its lease's, or its batch's in the log.
+CREATE FUNCTION gd_holder(i gd_instances) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(i.locked_by, (
+        SELECT b.node FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+         WHERE i.status = 'runnable' AND l.queue = i.queue AND l.fsm = i.fsm
+           AND l.priority = i.priority AND b.lo <= i.ready_seq AND b.hi > i.ready_seq
+         LIMIT 1))
+$$;
+
+-- A row that leaves `runnable`, or takes a K = 1 key, a gate or a rate limit, leaves the
+-- log: its entry is left behind (a read skips it) and `ready_seq` is cleared, so that it
+-- gets an entry again when it is next ready. A statement that writes such a change may
+-- clear it itself; this covers every other.
+CREATE FUNCTION gd_off_log() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.ready_seq := NULL;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER gd_instances_off_log
+    BEFORE UPDATE ON gd_instances
+    FOR EACH ROW
+    WHEN (NEW.ready_seq IS NOT NULL
+          AND (NEW.status <> 'runnable' OR NEW.partition_key IS NOT NULL
+               OR NEW.gate IS NOT NULL OR NEW.rate_limit IS NOT NULL))
+    EXECUTE FUNCTION gd_off_log();
+
+-- A plain row that becomes ready with no entry (inserted, woken by a signal or its last
+-- child, retried, given back by a drain or a reaper) gets its entry at its transaction's
+-- commit: an append made inside a long transaction of the caller's holds its lane's
+-- append lock only while that transaction commits. The engine's own step commits append
+-- in their statement (commit.sql) and do not come here. It sends no wake-up: the statement
+-- that made the row ready does, as it did before the log (a client's inserts coalesce
+-- theirs), and a notification is delivered only after the commit that appended. Whether
+-- the row is due is judged by the clock of the write that made it ready (`updated_at`):
+-- the engine's manual clock, in tests, is not the database's.
 CREATE FUNCTION gd_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('gd_wake', q) FROM gd_append(ARRAY[NEW.id], NULL) q;
+    PERFORM gd_append(ARRAY[NEW.id], NEW.updated_at);
     RETURN NULL;
 END
 $$;
+
+CREATE CONSTRAINT TRIGGER gd_instances_enqueue
+    AFTER INSERT OR UPDATE ON gd_instances
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.status = 'runnable' AND NEW.ready_seq IS NULL AND NEW.partition_key IS NULL
+          AND NEW.gate IS NULL AND NEW.rate_limit IS NULL)
+    EXECUTE FUNCTION gd_enqueue();

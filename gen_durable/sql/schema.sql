@@ -128,10 +128,13 @@ ALTER TABLE gd_instances ADD CONSTRAINT gd_instances_rate CHECK (
         AND rate_weight > 0 AND rate_weight <= 1e9)
 ) NOT VALID;
 
--- The pick: `queue = $1 AND status = 'runnable' ORDER BY priority, eligible_at, id LIMIT n`
--- reads this index in order and stops after n entries, whatever the backlog.
+-- The pick of the rows that stay off the log (a K = 1 key, a gate or a rate limit; the
+-- others are claimed from the log, log.sql): `queue = $1 AND status = 'runnable' AND (...)
+-- ORDER BY priority, eligible_at, id LIMIT n` reads this index in order and stops after n
+-- entries, whatever the backlog.
 CREATE INDEX gd_instances_pick ON gd_instances (queue, priority, eligible_at, id)
-    WHERE status = 'runnable';
+    WHERE status = 'runnable'
+      AND (partition_key IS NOT NULL OR gate IS NOT NULL OR rate_limit IS NOT NULL);
 
 -- The reaper scans executing rows by lease expiry.
 CREATE INDEX gd_instances_lease ON gd_instances (lease_expires_at)

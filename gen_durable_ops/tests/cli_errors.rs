@@ -80,12 +80,10 @@ async fn missing_database() {
 #[tokio::test]
 async fn not_migrated_then_migrate() {
     let db = TestDb::new().await;
-    sqlx::raw_sql(
-        "DROP TABLE gd_signals, gd_instances, gd_nodes, gd_schedules, gd_queue_pauses, gd_gates, gd_buckets, gd_rate_limits, _sqlx_migrations; DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname LIKE 'gd\\_%' LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP; END $$; DROP TYPE gd_status;",
-    )
-    .execute(db.pool())
-    .await
-    .unwrap();
+    sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+        .execute(db.pool())
+        .await
+        .unwrap();
 
     for args in [
         &["status"][..],

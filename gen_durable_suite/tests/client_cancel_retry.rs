@@ -674,7 +674,7 @@ async fn e4_cancel_of_a_parent_never_deadlocks_with_its_childrens_commits() {
                 status(&pool, p).await == "awaiting_children"
                     && count(
                         &pool,
-                        &format!("SELECT count(*) FROM gd_instances WHERE parent_id = {p} AND status = 'executing'"),
+                        &format!("SELECT count(*) FROM gd_instances i WHERE parent_id = {p} AND gd_status_of(i) = 'executing'"),
                     )
                     .await
                         == 5

@@ -245,7 +245,7 @@ async fn outcomes_deferred_by_a_held_parent_commit_once_it_is_let_go() {
         .await
         .unwrap();
     let executing = format!(
-        "SELECT count(*) FROM gd_instances WHERE parent_id = {id} AND status = 'executing'"
+        "SELECT count(*) FROM gd_instances i WHERE parent_id = {id} AND gd_status_of(i) = 'executing'"
     );
     eventually(20, "the four children to run", || async {
         count(db.pool(), &executing).await == 4

@@ -171,10 +171,13 @@ async fn cancelling_the_engine_at_any_await_leaves_no_transaction_or_lock_behind
         .await;
     }
     // Whatever was cut, a clean engine finishes everything exactly once.
-    sqlx::query("UPDATE gd_instances SET lease_expires_at = now() WHERE status = 'executing'")
-        .execute(db.direct())
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "UPDATE gd_instances SET lease_expires_at = now() WHERE status = 'executing';
+         UPDATE gd_batches SET expires_at = now();",
+    )
+    .execute(db.direct())
+    .await
+    .unwrap();
     let engine = engine_on(&db, "clean", 8).await;
     for &id in &ids {
         assert_eq!(finished(db.direct(), id, 60).await, "done");

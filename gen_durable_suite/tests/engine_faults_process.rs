@@ -85,7 +85,10 @@ async fn sigkill_mid_step_recovers_within_ttl_plus_reaper_and_commits_once() {
     let killed = Instant::now();
     a.kill().await;
     eventually(20, "recovered", || async {
-        column(db.pool(), id, "locked_by").await.as_deref() != Some("kill-a")
+        column(db.pool(), id, "gd_holder(gd_instances)")
+            .await
+            .as_deref()
+            != Some("kill-a")
     })
     .await;
     let recovered = killed.elapsed();
@@ -191,7 +194,10 @@ async fn a_worker_paused_past_its_lease_commits_nothing_and_says_so() {
     )
     .await;
     eventually(20, "step one running on a", || async {
-        column(db.pool(), id, "locked_by").await.as_deref() == Some("paused")
+        column(db.pool(), id, "gd_holder(gd_instances)")
+            .await
+            .as_deref()
+            == Some("paused")
     })
     .await;
     a.signal("STOP");
@@ -359,7 +365,7 @@ async fn sigterm_drains_while_old_and_new_workers_overlap() {
     assert_eq!(
         count(
             db.pool(),
-            "SELECT count(*) FROM gd_instances WHERE locked_by = 'old'"
+            "SELECT count(*) FROM gd_instances i WHERE gd_holder(i) = 'old'"
         )
         .await,
         0

@@ -199,9 +199,12 @@ async fn a_crashed_worker_is_recovered_and_a_crash_loop_ends_failed() {
         })
         .await;
         drop(worker);
-        // The dead worker's lease runs out (without waiting 30 s for it).
+        // The dead worker's lease (its batch of the log) runs out (without waiting 30 s).
         sqlx::query(
-            "UPDATE gd_instances SET lease_expires_at = now() - interval '1 s' WHERE id = $1",
+            "UPDATE gd_batches b SET expires_at = now() - interval '1 s'
+               FROM gd_instances i
+              WHERE i.id = $1 AND gd_on_batch(i.queue, i.fsm, i.priority, i.ready_seq)
+                AND b.lo <= i.ready_seq AND b.hi > i.ready_seq",
         )
         .bind(id)
         .execute(db.pool())
@@ -248,11 +251,13 @@ async fn a_worker_whose_lease_was_taken_commits_nothing() {
         STARTED.load(Ordering::SeqCst) >= 1
     })
     .await;
-    let stale_epoch = column(db.pool(), id, "lease_epoch").await.unwrap();
+    // A plain row's fence is its entry in the log.
+    let stale_epoch = column(db.pool(), id, "ready_seq").await.unwrap();
 
     // The lease is taken away (as a reaper would after a pause), and another worker
     // claims the row under a new epoch and holds it.
-    sqlx::query("UPDATE gd_instances SET status = 'runnable', locked_by = NULL, attempt = attempt + 1 WHERE id = $1")
+    // Off its entry: it gets a new one at the end of the log (as a reaper gives it).
+    sqlx::query("UPDATE gd_instances SET ready_seq = NULL, attempt = attempt + 1 WHERE id = $1")
         .bind(id)
         .execute(db.pool())
         .await
@@ -269,7 +274,7 @@ async fn a_worker_whose_lease_was_taken_commits_nothing() {
     })
     .await;
     assert_ne!(
-        column(db.pool(), id, "lease_epoch").await.unwrap(),
+        column(db.pool(), id, "ready_seq").await.unwrap(),
         stale_epoch
     );
 
@@ -337,7 +342,7 @@ async fn drain_releases_the_buffer_and_finishes_the_running_step() {
     eventually(10, "all four claimed", || async {
         count(
             db.pool(),
-            "SELECT count(*) FROM gd_instances WHERE status = 'executing'",
+            "SELECT count(*) FROM gd_instances i WHERE gd_status_of(i) = 'executing'",
         )
         .await
             == 4

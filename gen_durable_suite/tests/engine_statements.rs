@@ -160,7 +160,7 @@ async fn pick_of(k: usize, rec: &StatementLog) -> Vec<Statement> {
 }
 
 #[test]
-fn a_pick_is_one_statement_whatever_its_size() {
+fn a_pick_is_two_statements_whatever_its_size() {
     counted(|rec| async move {
         let mut picks = Vec::new();
         for k in [1usize, 50] {
@@ -175,6 +175,16 @@ fn a_pick_is_one_statement_whatever_its_size() {
                 [("claim", k as u64)],
                 "{k} rows: one claim statement returns them all: {seen:?}"
             );
+            let advances: Vec<u64> = seen
+                .iter()
+                .filter(|s| s.kind == "advance" && s.rows_returned > 0)
+                .map(|s| s.rows_returned)
+                .collect();
+            assert_eq!(
+                advances,
+                [1],
+                "{k} rows: before it, one statement takes their range of the log: {seen:?}"
+            );
             // Nothing reads an inbox, a child or a row apart from the claim; the rest
             // is the outcomes' commit, the listener and the node's background services.
             let others: Vec<&Statement> = seen
@@ -182,7 +192,13 @@ fn a_pick_is_one_statement_whatever_its_size() {
                 .filter(|s| {
                     !matches!(
                         s.kind,
-                        "claim" | "apply" | "listen" | "announce" | "setup" | "heartbeat"
+                        "advance"
+                            | "claim"
+                            | "apply"
+                            | "listen"
+                            | "announce"
+                            | "setup"
+                            | "heartbeat"
                     )
                 })
                 .collect();

@@ -125,7 +125,7 @@ async fn step_pick_saturation_drain_and_reaper_events() {
     eventually(10, "both claimed", || async {
         common::count(
             db.pool(),
-            "SELECT count(*) FROM gd_instances WHERE status = 'executing'",
+            "SELECT count(*) FROM gd_instances i WHERE gd_status_of(i) = 'executing'",
         )
         .await
             == 2

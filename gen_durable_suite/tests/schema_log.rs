@@ -1,7 +1,7 @@
 //! The ready log of storage v2 (`gen_durable/sql/log.sql`) through its SQL functions, on a
-//! real database: what an append, a claim (`gd_advance`), a read, the promoter and the
-//! reaper of batches do, and the watermark under appenders that commit and roll back while
-//! claims run. The engine does not use the log yet; these are the properties it will rest on.
+//! real database: what an append, a claim (`gd_advance`), a read and the reaper of batches
+//! do, and the watermark under appenders that commit and roll back while claims run: the
+//! properties the engine's claim of plain rows rests on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -123,9 +123,10 @@ async fn a_claim_serves_the_most_urgent_priority_first_and_nothing_of_a_paused_q
 }
 
 #[tokio::test]
-async fn a_row_due_later_waits_apart_until_the_promoter_appends_it() {
+async fn a_row_due_later_waits_apart_until_a_claim_of_its_queue_once_it_is_due() {
     let db = TestDb::new().await;
     let pool = db.pool();
+    // Appended at its insert's commit (`gd_instances_enqueue`): not due, so set apart.
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at)
          VALUES ('F', 1, 's', '{}', 'q', now() + interval '1 hour') RETURNING id",
@@ -133,24 +134,25 @@ async fn a_row_due_later_waits_apart_until_the_promoter_appends_it() {
     .fetch_one(pool)
     .await
     .unwrap();
-    sqlx::query("SELECT gd_append(ARRAY[$1::int8], NULL)")
+    let due: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_due WHERE id = $1")
         .bind(id)
-        .execute(pool)
+        .fetch_one(pool)
         .await
         .unwrap();
+    assert_eq!(due, 1);
     assert!(claim(pool, "n1", 10).await.is_empty(), "not due");
-    let woke: Vec<String> = sqlx::query_scalar("SELECT gd_promote(100, NULL)")
-        .fetch_all(pool)
+    let later = "SELECT lane, batch FROM gd_advance('q', '{F}', 10, 'n1', 30000, now() + interval '2 hours')";
+    let rows = sqlx::query(later).fetch_all(pool).await.unwrap();
+    let batches: Vec<i64> = rows
+        .iter()
+        .flat_map(|r| [r.get::<i32, _>("lane") as i64, r.get::<i64, _>("batch")])
+        .collect();
+    let got: Vec<i64> = read(pool, &batches)
         .await
-        .unwrap();
-    assert!(woke.is_empty(), "not due yet");
-    let woke: Vec<String> =
-        sqlx::query_scalar("SELECT gd_promote(100, now() + interval '2 hours')")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    assert_eq!(woke, ["q"]);
-    assert_eq!(claim(pool, "n1", 10).await, [id]);
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(got, [id], "due two hours later");
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_due")
         .fetch_one(pool)
         .await

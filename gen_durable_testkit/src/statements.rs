@@ -41,6 +41,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `explain`: `Client::explain`'s read of one instance and its evidence.
 /// - `dashboard`: the web dashboard's own reads (`gen_durable_ops`).
 pub const MARKED_KINDS: &[&str] = &[
+    "advance",
     "claim",
     "handoff",
     "gate",

@@ -10,7 +10,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
-use crate::store::pg::{admin, millis, rate_limit};
+use crate::store::pg::{admin, log, millis, rate_limit};
 use crate::telemetry::{Event, Telemetry};
 
 /// The collector's settings.
@@ -69,11 +69,15 @@ impl Service for Collector {
         let now = self.db.now();
         on_conn!(self.db, |c| rate_limit::recount(c, batch))?;
         collected.buckets = on_conn!(self.db, |c| rate_limit::sweep(c, batch, now))? as usize;
+        // The log's dead entries, a pass's worth (more at once when it is behind).
+        let trim = batch * BATCHES_PER_PASS as i64;
+        let trimmed = on_conn!(self.db, |c| log::trim(c, trim))?;
         for _ in 0..BATCHES_PER_PASS {
             let now = self.db.now();
             let n = on_conn!(self.db, |c| admin::gc_batch(c, retention, batch, now))?;
             collected.deleted += n;
             if (n as i64) < batch {
+                collected.more = trimmed == trim;
                 return Ok(collected);
             }
         }

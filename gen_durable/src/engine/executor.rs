@@ -26,6 +26,9 @@ pub(crate) struct Ended {
     pub(crate) replay: Option<Duration>,
     /// The gate slot it held went to its key's next row in the commit that ended it.
     pub(crate) handed_off: bool,
+    /// Its outcome committed, or its claim was found lost (the row moved on): not a
+    /// commit that failed, after which the row waits for its lease to expire.
+    pub(crate) settled: bool,
 }
 
 /// Runs one claimed row's step and commits its outcome; with run-ahead, goes on with
@@ -74,9 +77,10 @@ pub(crate) async fn run_step(
         Upgraded::Stop(delay) => Ended {
             replay: delay,
             handed_off: false,
+            settled: false,
         },
     };
-    shared.claims.unhold(id, epoch);
+    shared.claims.unhold(id, epoch, ended.settled);
     ended
 }
 
@@ -193,6 +197,7 @@ async fn run_chain(
                         return Ended {
                             replay: replay_after,
                             handed_off: reply.handed_off,
+                            settled: true,
                         }
                     }
                 }
@@ -204,7 +209,10 @@ async fn run_chain(
                     step,
                     kind,
                 });
-                return Ended::default();
+                return Ended {
+                    settled: true,
+                    ..Ended::default()
+                };
             }
             Err(e) => {
                 tracing::error!(target: "gen_durable::step", id, error = %e,

@@ -1,5 +1,6 @@
 //! The heartbeat: one statement per tick extends every lease this node holds, and learns
-//! which of its steps were cancelled meanwhile. It also announces the node (its queues
+//! which of its steps were cancelled meanwhile; one more extends the log's batches it
+//! holds and deletes those whose rows have all ended here. It also announces the node (its queues
 //! and FSM versions) for `gen_durable status`.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::{Claims, Db};
 use crate::model::error::{Error, Result};
-use crate::store::pg::{admin, lease, millis};
+use crate::store::pg::{admin, lease, log, millis};
 use crate::telemetry::{Event, Telemetry};
 
 /// The longest gap between two announcements, so a node with a slow heartbeat still
@@ -97,6 +98,25 @@ impl Service for Heartbeat {
                 }
                 Err(e) => {
                     tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat failed")
+                }
+            }
+        }
+        let logged = self.claims.log_beat();
+        if !logged.live.is_empty() || !logged.acked.is_empty() {
+            beat.held += logged.rows.len();
+            let ttl = millis(self.cfg.lease_ttl);
+            let (node, now) = (self.node_id.as_str(), self.db.now());
+            let logged = &logged;
+            match on_conn!(self.db, |c| log::beat(c, logged, ttl, node, now)) {
+                Ok(rows) => {
+                    beat.extended += rows.len();
+                    for (id, _) in rows.iter().filter(|r| r.1) {
+                        self.claims.cancel_step(*id);
+                        beat.cancelled.push(*id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(target: "gen_durable::lease", error = %e, "heartbeat of the log's batches failed")
                 }
             }
         }

@@ -22,7 +22,7 @@ use crate::engine::shared::on_conn;
 use crate::engine::shared::Shared;
 use crate::engine::QueueConfig;
 use crate::model::error::{Error, Result};
-use crate::store::pg::{claim, lease, UNIQUE_VIOLATION};
+use crate::store::pg::{claim, lease, log, UNIQUE_VIOLATION};
 use crate::telemetry::Event;
 
 /// How a queue drained.
@@ -162,7 +162,7 @@ impl Picker {
     fn take_handed(&mut self, rows: Vec<claim::Claimed>) {
         let q = &self.queue;
         for r in &rows {
-            q.shared.claims.hold(r.id, r.lease_epoch);
+            q.shared.claims.hold(r.id, r.lease_epoch, r.log_batch());
         }
         q.shared.telemetry.emit(Event::GateHandoff {
             count: rows.len(),
@@ -200,9 +200,9 @@ impl Picker {
                 self.buffer.extend(rows);
                 // A full claim: the queue may hold more, claim again at once (and at
                 // once with the other variant when gates or rate limits came or went).
-                self.maybe_more = count == demand;
+                self.maybe_more = count == demand || pick.advanced;
                 self.pick_now |= self.maybe_more || pick.switch;
-                self.poll = if count == 0 {
+                self.poll = if count == 0 && !pick.advanced {
                     (self.poll * 2).min(cfg.max_poll_interval)
                 } else {
                     cfg.poll_interval
@@ -364,14 +364,43 @@ impl Queue {
             }
         }
         for r in rows {
-            self.shared.claims.hold(r.id, r.lease_epoch);
+            self.shared.claims.hold(r.id, r.lease_epoch, r.log_batch());
         }
         Ok(pick)
     }
 
-    /// One claim statement, retried when two nodes race on a partition key (the loser's
-    /// whole statement fails on the partition index and claims nothing).
+    /// One claim: plain rows from the log, then — only when the log's claim says some
+    /// are due — the rows with a key, a gate or a limit, claimed row by row
+    /// ([`Self::claim_keyed`]) for the rest of the demand.
     async fn claim_rows(&self, demand: usize) -> Result<claim::Pick> {
+        let shared = &self.shared;
+        let params = claim::ClaimParams {
+            queue: &self.name,
+            names: &shared.names,
+            versions: &shared.versions,
+            demand: demand as i64,
+            node: &shared.node_id,
+            lease_ttl_ms: crate::store::pg::millis(shared.lease_ttl),
+            now: shared.db.now(),
+            flow: false,
+        };
+        let params = &params;
+        let taken = on_conn!(shared.db, |c| log::claim(c, params))?;
+        let rest = demand.saturating_sub(taken.rows.len());
+        let mut pick = if taken.keyed && rest > 0 {
+            self.claim_keyed(rest).await?
+        } else {
+            claim::Pick::default()
+        };
+        pick.rows.extend(taken.rows);
+        pick.advanced = taken.advanced;
+        Ok(pick)
+    }
+
+    /// One claim statement of rows with a key, a gate or a limit, retried when two nodes
+    /// race on a partition key (the loser's whole statement fails on the partition index
+    /// and claims nothing).
+    async fn claim_keyed(&self, demand: usize) -> Result<claim::Pick> {
         let shared = &self.shared;
         let mut contended = 0;
         loop {
@@ -472,17 +501,20 @@ impl Queue {
             return 0;
         }
         let shared = &self.shared;
-        for &(id, epoch) in leases {
-            shared.claims.unhold(id, epoch);
-        }
         let (node, now) = (shared.node_id.as_str(), shared.db.now());
-        match on_conn!(shared.db, |c| lease::release(c, leases, node, now)) {
-            Ok(ids) => ids.len(),
+        let released = match on_conn!(shared.db, |c| lease::release(c, leases, node, now)) {
+            Ok(ids) => ids,
             Err(e) => {
                 tracing::warn!(target: "gen_durable::scheduler", error = %e, "release failed; rows return when their leases expire");
-                0
+                Vec::new()
             }
+        };
+        // A row not released (held by someone right now) returns when its lease, or its
+        // batch of the log, expires.
+        for &(id, epoch) in leases {
+            shared.claims.unhold(id, epoch, released.contains(&id));
         }
+        released.len()
     }
 }
 

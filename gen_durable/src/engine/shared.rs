@@ -128,18 +128,67 @@ impl StatementConn {
 /// The claims this node holds: the leases the heartbeat extends, and the cancellation
 /// token of each step running here. Both are keyed by instance id and remember the epoch
 /// of the claim that registered them: only that claim removes them (see [`Claims::unhold`]).
+/// A plain row claimed from the log holds no lease of its own but a place in a batch: the
+/// heartbeat extends the batch while any of its rows is held here, and deletes it once
+/// none is.
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
-    /// Every row this node holds a lease on (buffered or executing): id → epoch.
-    leases: Mutex<HashMap<i64, i64>>,
+    /// Every row this node holds (buffered or executing): id → (epoch, its batch if any).
+    leases: Mutex<HashMap<i64, (i64, Option<Batch>)>>,
+    /// Every batch of the log held here, with its rows still held, and the batches whose
+    /// rows have all ended here, to delete.
+    batches: Mutex<Batches>,
     /// Every step running here: id → (epoch, its `ctx.cancelled()` token).
     running: Mutex<HashMap<i64, (i64, CancellationToken)>>,
 }
 
+/// A batch of the log: `(lane, batch)`.
+pub(crate) type Batch = (i32, i64);
+
+#[derive(Debug, Default)]
+struct Batches {
+    /// Each batch held: its rows held here, and whether one of them ended unsettled.
+    held: HashMap<Batch, (usize, bool)>,
+    ended: Vec<Batch>,
+}
+
+impl Batches {
+    /// One row of `batch` ended here: `settled` when its outcome committed (or it was
+    /// released, or it moved on). A batch whose rows have all ended is deleted, unless
+    /// one of them ended unsettled (its commit failed): that batch is left to expire, and
+    /// the reaper gives that row back.
+    fn release(&mut self, batch: Batch, settled: bool) {
+        if let Some((n, unsettled)) = self.held.get_mut(&batch) {
+            *n -= 1;
+            *unsettled |= !settled;
+            if *n == 0 {
+                let unsettled = *unsettled;
+                self.held.remove(&batch);
+                if !unsettled {
+                    self.ended.push(batch);
+                }
+            }
+        }
+    }
+}
+
 impl Claims {
-    /// Records the claim `(id, epoch)`: its lease is heartbeated from now on.
-    pub(crate) fn hold(&self, id: i64, epoch: i64) {
-        self.leases.lock().expect("lease table").insert(id, epoch);
+    /// Records the claim `(id, epoch)`, of `batch` when it came from the log: its lease
+    /// (or its batch) is heartbeated from now on.
+    pub(crate) fn hold(&self, id: i64, epoch: i64, batch: Option<Batch>) {
+        let old = self
+            .leases
+            .lock()
+            .expect("lease table")
+            .insert(id, (epoch, batch));
+        let mut batches = self.batches.lock().expect("batch table");
+        if let Some(b) = batch {
+            batches.held.entry(b).or_default().0 += 1;
+        }
+        // A newer claim of the row replaced an older one held here (reaped meanwhile).
+        if let Some((_, Some(b))) = old {
+            batches.release(b, true);
+        }
     }
 
     /// Records that the claim `(id, epoch)` runs its step, cancelled through `token`.
@@ -153,22 +202,58 @@ impl Claims {
     /// Forgets the claim `(id, epoch)` — and only that claim: a stale run of a row that
     /// was reaped and claimed here again must not unregister the newer claim's lease (it
     /// would go unheartbeated and be reaped in turn) nor its cancellation token.
-    pub(crate) fn unhold(&self, id: i64, epoch: i64) {
+    /// `settled`: its outcome committed, or it was released or moved on (see
+    /// `Batches::release`).
+    pub(crate) fn unhold(&self, id: i64, epoch: i64, settled: bool) {
         let mut leases = self.leases.lock().expect("lease table");
-        if leases.get(&id) == Some(&epoch) {
-            leases.remove(&id);
-        }
+        let batch = match leases.get(&id) {
+            Some(&(e, batch)) if e == epoch => {
+                leases.remove(&id);
+                batch
+            }
+            _ => None,
+        };
         drop(leases);
+        if let Some(b) = batch {
+            self.batches
+                .lock()
+                .expect("batch table")
+                .release(b, settled);
+        }
         let mut running = self.running.lock().expect("running table");
         if running.get(&id).is_some_and(|(e, _)| *e == epoch) {
             running.remove(&id);
         }
     }
 
-    /// Every lease held now, as `(id, epoch)`.
+    /// Every lease of a row claimed by itself held now, as `(id, epoch)`.
     pub(crate) fn leases(&self) -> Vec<(i64, i64)> {
         let table = self.leases.lock().expect("lease table");
-        table.iter().map(|(id, epoch)| (*id, *epoch)).collect()
+        table
+            .iter()
+            .filter(|(_, (_, batch))| batch.is_none())
+            .map(|(id, (epoch, _))| (*id, *epoch))
+            .collect()
+    }
+
+    /// What the heartbeat sends for the log: the batches held, the batches ended since the
+    /// last beat (taken: they are deleted by this beat, or expire), and the rows held from
+    /// the log with their entries.
+    pub(crate) fn log_beat(&self) -> crate::store::pg::log::Beat {
+        let rows = {
+            let table = self.leases.lock().expect("lease table");
+            table
+                .iter()
+                .filter(|(_, (_, batch))| batch.is_some())
+                .map(|(id, (epoch, _))| (*id, *epoch))
+                .collect()
+        };
+        let mut batches = self.batches.lock().expect("batch table");
+        crate::store::pg::log::Beat {
+            live: batches.held.keys().copied().collect(),
+            acked: std::mem::take(&mut batches.ended),
+            rows,
+        }
     }
 
     /// Resolves `ctx.cancelled()` of the step running instance `id` here, if any.

@@ -134,7 +134,7 @@ async fn each_service_does_one_pass_and_emits_its_event() {
     )
     .await;
     let claims = Arc::new(Claims::default());
-    claims.hold(held, 3);
+    claims.hold(held, 3, None);
     let token = tokio_util::sync::CancellationToken::new();
     claims.run(held, 3, token.clone());
     let heartbeat = Heartbeat {

@@ -84,7 +84,8 @@ pub(crate) async fn applied_migrations<'e>(db: impl PgExecutor<'e>) -> Result<Ve
 
 /// Counts per queue and status, with the rows ready to run now and the oldest of them,
 /// in one statement: one scan of the table serves every figure of the queue table, and
-/// they all come from one snapshot. It is a full scan (no index covers every status);
+/// they all come from one snapshot. The status is the one readers see (`gd_status_of`: a
+/// plain row whose step runs from the log is `executing`). It is a full scan (no index covers every status);
 /// that is the price of exact counts, paid only when an operator asks.
 ///
 /// `ready` and `oldest_ready` only count runnable rows whose `eligible_at` has passed: a
@@ -95,9 +96,10 @@ SELECT queue, status::text AS status, count(*) AS count,
        min(eligible_at) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($1, now()))
            AS oldest_ready,
        count(*) FILTER (WHERE unique_guard IS NOT NULL) AS keyed
-  FROM gd_instances
- GROUP BY queue, gd_instances.status
- ORDER BY queue, gd_instances.status
+  FROM (SELECT i.queue, gd_status_of(i) AS status, i.eligible_at, i.unique_guard
+          FROM gd_instances i) i
+ GROUP BY queue, i.status
+ ORDER BY queue, i.status
 "#;
 
 /// One (queue, status) cell of the status table.
@@ -167,12 +169,20 @@ pub(crate) async fn unrunnable<'e>(
 /// Executing rows whose lease has expired, by queue and holder: the reaper returns them
 /// to `runnable` on its next pass, so rows that stay here mean no node runs a reaper,
 /// and a holder that keeps appearing is a node that died. Reads the lease index
-/// (`lease_expires_at WHERE status = 'executing'`), so it costs the expired rows only.
+/// (`lease_expires_at WHERE status = 'executing'`) and the log's batches by expiry
+/// (`gd_batches_expires`), so it costs the expired rows only.
 pub(crate) const EXPIRED_LEASES: &str = r#"/* gd:admin */
-SELECT queue, locked_by, count(*) AS count, min(lease_expires_at) AS oldest_expiry,
-       (array_agg(id ORDER BY lease_expires_at, id))[1:$2] AS ids
-  FROM gd_instances
- WHERE status = 'executing' AND lease_expires_at < coalesce($1, now())
+SELECT queue, locked_by, count(*) AS count, min(expiry) AS oldest_expiry,
+       (array_agg(id ORDER BY expiry, id))[1:$2] AS ids
+  FROM (SELECT queue, locked_by, lease_expires_at AS expiry, id
+          FROM gd_instances
+         WHERE status = 'executing' AND lease_expires_at < coalesce($1, now())
+        UNION ALL
+        SELECT i.queue, b.node, b.expires_at, i.id
+          FROM gd_batches b
+          JOIN gd_ready r ON r.lane = b.lane AND r.seq >= b.lo AND r.seq < b.hi
+          JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq AND i.status = 'runnable'
+         WHERE b.expires_at < coalesce($1, now())) x
  GROUP BY queue, locked_by
  ORDER BY queue, locked_by
 "#;

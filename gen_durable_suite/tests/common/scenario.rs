@@ -87,7 +87,7 @@ pub async fn is_terminal(pool: &PgPool, id: i64) -> bool {
 pub async fn executing_count(pool: &PgPool) -> i64 {
     count(
         pool,
-        "SELECT count(*) FROM gd_instances WHERE status = 'executing'",
+        "SELECT count(*) FROM gd_instances i WHERE gd_status_of(i) = 'executing'",
     )
     .await
 }

@@ -225,7 +225,8 @@ async fn check(ops: Vec<Op>) {
     }
     // Postgres, beyond what the kit can show: no row claimed, no signal of a finished row.
     let stray: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM gd_instances WHERE status = 'executing' OR locked_by IS NOT NULL)
+        "SELECT (SELECT count(*) FROM gd_instances i
+                  WHERE gd_status_of(i) = 'executing' OR locked_by IS NOT NULL)
               + (SELECT count(*) FROM gd_signals s JOIN gd_instances i ON i.id = s.target_id
                   WHERE i.status IN ('done', 'failed'))",
     )

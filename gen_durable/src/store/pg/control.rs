@@ -44,7 +44,7 @@ WITH RECURSIVE tree AS (
     SELECT c.id, c.status FROM gd_instances c JOIN tree t ON c.parent_id = t.id
      WHERE c.status NOT IN ('done', 'failed') AND t.status NOT IN ('done', 'failed')
 )
-SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
+SELECT i.id, gd_status_of(i)::text, i.id IN (SELECT id FROM tree) AS in_tree
   FROM gd_instances i
  WHERE i.id = ANY (ARRAY(SELECT id FROM tree)
                    || ARRAY(SELECT parent_id FROM gd_instances
@@ -54,7 +54,8 @@ SELECT i.id, i.status::text, i.id IN (SELECT id FROM tree) AS in_tree
 "#;
 
 /// Statement 2: fail every live row of the tree that is not running (its inbox goes),
-/// and flag the running ones: their workers fail them after the current step (told at
+/// and flag the running ones (a plain row runs while its entry lies in a live batch of the
+/// log: `gd_status_of`): their workers fail them after the current step (told at
 /// once by NOTIFY, or by the next heartbeat). A failed row's `children_pending` drops by
 /// the children this statement fails with it, so it keeps counting exactly its live
 /// children (the flagged ones); the parents outside that set are returned, one element
@@ -79,12 +80,13 @@ WITH refund AS MATERIALIZED (
            children_pending = i.children_pending - (
                SELECT count(*)::int FROM gd_instances c
                 WHERE c.parent_id = i.id AND c.id = ANY ($1)
-                  AND c.status IN ('runnable', 'awaiting_signal', 'awaiting_children'))
-     WHERE i.id = ANY ($1) AND i.status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+                  AND gd_status_of(c) IN ('runnable', 'awaiting_signal', 'awaiting_children'))
+     WHERE i.id = ANY ($1)
+       AND gd_status_of(i) IN ('runnable', 'awaiting_signal', 'awaiting_children')
     RETURNING i.id, i.parent_id
 ), flagged AS (
     UPDATE gd_instances i SET cancel_requested = true
-     WHERE i.id = ANY ($1) AND i.status = 'executing'
+     WHERE i.id = ANY ($1) AND gd_status_of(i) = 'executing'
     RETURNING i.id
 ), inbox AS (
     DELETE FROM gd_signals s USING failed f WHERE s.target_id = f.id
@@ -209,8 +211,8 @@ pub(crate) async fn cancel_many(
 pub(super) const RETRY: &str = concat!(
     r#"/* gd:retry */
 WITH locked AS MATERIALIZED (
-    SELECT i.id, i.status, i.parent_id, i.fsm_version, i.step, i.rate_limit, i.rate_key,
-           i.rate_weight, i.rate_step, i.rate_paid
+    SELECT i.id, gd_status_of(i) AS status, i.parent_id, i.fsm_version, i.step, i.rate_limit,
+           i.rate_key, i.rate_weight, i.rate_step, i.rate_paid
       FROM gd_instances i
      WHERE i.id = ANY ($1 || ARRAY(SELECT parent_id FROM gd_instances
                                     WHERE id = ANY ($1) AND parent_id IS NOT NULL))

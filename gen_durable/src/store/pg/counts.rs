@@ -7,9 +7,10 @@
 //! indexes give cheaply, and stop:
 //!
 //! - runnable rows, rows due now and the oldest due row per queue, from the pick index
-//!   `gd_instances_pick (queue, priority, eligible_at, id) WHERE status = 'runnable'`,
-//!   counted up to a cap ([`LANES`]);
-//! - executing rows per queue, from the lease index, up to a cap ([`EXECUTING`]);
+//!   (rows with a key, a gate or a limit) and the ready log (plain rows), counted up to a
+//!   cap ([`LANES`]);
+//! - executing rows per queue, from the lease index and the log's live batches, up to a
+//!   cap ([`EXECUTING`]);
 //! - every status per queue from a sample of about [`SAMPLE_PAGES`] pages of the table
 //!   ([`SAMPLE_BY_QUEUE`]): exact when the table is that small (a 100% sample reads every
 //!   page), an estimate scaled from the sample otherwise.
@@ -26,48 +27,91 @@ use crate::model::error::Result;
 /// so its counts are exact.
 pub(crate) const SAMPLE_PAGES: i64 = 128;
 
-/// The distinct `(queue, priority)` lanes of runnable rows, found by a loose index scan
-/// of the pick index (a recursive CTE that jumps from one lane to the next, one index
-/// probe each, instead of reading every runnable row), and for each lane:
+/// The `(queue, priority)` lanes of runnable rows, and for each:
 ///
-/// - `runnable`: its rows, counted up to `$1` (an index-only range scan stopped by the
-///   `LIMIT`);
-/// - `ready`: its rows due at `$2`, up to `$1`: within a lane the index is ordered by
-///   `eligible_at`, so the due rows are a prefix of the range;
-/// - `oldest`: its smallest `eligible_at`, the first entry of the range (the oldest due
-///   row if it is not in the future).
+/// - `runnable`: its rows, counted up to `$1`;
+/// - `ready`: its rows due at `$2`, up to `$1`;
+/// - `oldest`: the smallest `eligible_at` of its rows (the oldest due row if it is not
+///   in the future).
 ///
-/// Its cost is the number of lanes times `$1` index entries at most, whatever the backlog.
+/// Three parts, each bounded whatever the backlog:
+/// - rows claimed by themselves (a K = 1 key, a gate, a rate limit): the distinct lanes by
+///   a loose index scan of the pick index (a recursive CTE that jumps from one lane to the
+///   next, one index probe each), then per lane an index-only range scan stopped by the
+///   `LIMIT` (within a lane the index is ordered by `eligible_at`, so the due rows are a
+///   prefix of the range) and its first entry;
+/// - plain rows on the log: per lane of `gd_lanes`, the entries not yet claimed whose row
+///   still waits at them (`gd_ready_lane_seq`, then the row by primary key), up to `$1`,
+///   and the first one's row;
+/// - plain rows due later (`gd_due`), up to `$1` in all.
+///
+/// Its cost is the number of lanes times `$1` index entries at most.
 pub const LANES: &str = r#"/* gd:admin */
 WITH RECURSIVE lanes AS (
     (SELECT queue, priority FROM gd_instances
       WHERE status = 'runnable'
+        AND (partition_key IS NOT NULL OR gate IS NOT NULL OR rate_limit IS NOT NULL)
       ORDER BY queue, priority
       LIMIT 1)
     UNION ALL
     SELECT n.queue, n.priority
       FROM lanes l,
            LATERAL (SELECT i.queue, i.priority FROM gd_instances i
-                     WHERE i.status = 'runnable' AND (i.queue, i.priority) > (l.queue, l.priority)
+                     WHERE i.status = 'runnable'
+                       AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL
+                            OR i.rate_limit IS NOT NULL)
+                       AND (i.queue, i.priority) > (l.queue, l.priority)
                      ORDER BY i.queue, i.priority
                      LIMIT 1) n
+), parts AS (
+    SELECT l.queue, l.priority,
+           (SELECT count(*) FROM (SELECT 1 FROM gd_instances i
+                                   WHERE i.status = 'runnable'
+                                     AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL
+                                          OR i.rate_limit IS NOT NULL)
+                                     AND i.queue = l.queue AND i.priority = l.priority
+                                   LIMIT $1) x) AS runnable,
+           (SELECT count(*) FROM (SELECT 1 FROM gd_instances i
+                                   WHERE i.status = 'runnable'
+                                     AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL
+                                          OR i.rate_limit IS NOT NULL)
+                                     AND i.queue = l.queue AND i.priority = l.priority
+                                     AND i.eligible_at <= coalesce($2, now())
+                                   LIMIT $1) x) AS ready,
+           (SELECT i.eligible_at FROM gd_instances i
+             WHERE i.status = 'runnable'
+               AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
+               AND i.queue = l.queue AND i.priority = l.priority
+             ORDER BY i.eligible_at
+             LIMIT 1) AS oldest
+      FROM lanes l
+    UNION ALL
+    SELECT g.queue, g.priority, w.n, w.n,
+           (SELECT i.eligible_at FROM gd_ready r
+              JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq AND i.status = 'runnable'
+             WHERE r.lane = g.lane AND r.seq >= g.next_seq
+             ORDER BY r.seq
+             LIMIT 1)
+      FROM gd_lanes g,
+           LATERAL (SELECT count(*) AS n FROM (
+                        SELECT 1 FROM gd_ready r
+                          JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq
+                                             AND i.status = 'runnable'
+                         WHERE r.lane = g.lane AND r.seq >= g.next_seq
+                         LIMIT $1) x) w
+    UNION ALL
+    SELECT i.queue, i.priority, count(*),
+           count(*) FILTER (WHERE i.eligible_at <= coalesce($2, now())), min(i.eligible_at)
+      FROM (SELECT DISTINCT d.id FROM (SELECT d.id FROM gd_due d LIMIT $1) d) d
+      JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable' AND i.ready_seq IS NULL
+     GROUP BY i.queue, i.priority
 )
-SELECT l.queue, l.priority,
-       (SELECT count(*) FROM (SELECT 1 FROM gd_instances i
-                               WHERE i.status = 'runnable' AND i.queue = l.queue
-                                 AND i.priority = l.priority
-                               LIMIT $1) x) AS runnable,
-       (SELECT count(*) FROM (SELECT 1 FROM gd_instances i
-                               WHERE i.status = 'runnable' AND i.queue = l.queue
-                                 AND i.priority = l.priority
-                                 AND i.eligible_at <= coalesce($2, now())
-                               LIMIT $1) x) AS ready,
-       (SELECT i.eligible_at FROM gd_instances i
-         WHERE i.status = 'runnable' AND i.queue = l.queue AND i.priority = l.priority
-         ORDER BY i.eligible_at
-         LIMIT 1) AS oldest
-  FROM lanes l
- ORDER BY l.queue, l.priority
+SELECT queue, priority, least(sum(runnable), $1)::int8 AS runnable,
+       least(sum(ready), $1)::int8 AS ready, min(oldest) AS oldest
+  FROM parts
+ GROUP BY queue, priority
+HAVING sum(runnable) > 0
+ ORDER BY queue, priority
 "#;
 
 /// One `(queue, priority)` lane of runnable rows; counts stop at the cap.
@@ -92,13 +136,20 @@ pub(crate) async fn lanes<'e>(
         .await?)
 }
 
-/// Executing rows per queue, up to `$1` rows in all: a range of the lease index
+/// Executing rows per queue, up to `$1` rows of each kind: a range of the lease index
 /// `gd_instances_lease WHERE status = 'executing'` stopped by the `LIMIT` (the queue is
-/// read from each row). Executing rows are the ones nodes hold, so there are rarely many;
-/// when the cap is reached the per-queue counts are lower bounds.
+/// read from each row), and the plain rows still at their entries in the log's live
+/// batches (`gd_batches`, their entries by `gd_ready_lane_seq`, each row by primary key).
+/// Executing rows are the ones nodes hold, so there are rarely many; when the cap is
+/// reached the per-queue counts are lower bounds.
 pub const EXECUTING: &str = r#"/* gd:admin */
 SELECT queue, count(*) AS executing
-  FROM (SELECT queue FROM gd_instances WHERE status = 'executing' LIMIT $1) x
+  FROM ((SELECT queue FROM gd_instances WHERE status = 'executing' LIMIT $1)
+        UNION ALL
+        (SELECT i.queue FROM gd_batches b
+           JOIN gd_ready r ON r.lane = b.lane AND r.seq >= b.lo AND r.seq < b.hi
+           JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq AND i.status = 'runnable'
+          LIMIT $1)) x
  GROUP BY queue
  ORDER BY queue
 "#;

@@ -17,7 +17,9 @@ use crate::Status;
 /// subquery under a `CASE` on the row's status, so only the ones its status can need run,
 /// and each reads an index and stops at a bound:
 ///
-/// - executing: its node's row in `gd_nodes` (primary key);
+/// - executing: its node's row in `gd_nodes` (primary key); a plain row claimed from the
+///   log is executing while its entry lies in a live batch (its lane by `gd_lanes_key`,
+///   the lane's batches by primary key), whose node and expiry are its lease;
 /// - awaiting a signal: the inbox's other signals, counted up to `$4` and their first
 ///   `$5` distinct names (`gd_signals_target_name`);
 /// - awaiting children: the children counted up to `$4` and the first `$5` unfinished
@@ -27,7 +29,10 @@ use crate::Status;
 /// - runnable: the queue's pause (primary key of `gd_queue_pauses`), the executing row of
 ///   its partition key (the partial unique index `gd_instances_partition_executing`), the
 ///   live nodes (a small table; the liveness window and the `name@version` tags of
-///   `admin::UNRUNNABLE`), and the due rows ahead of it in the pick's order, counted up
+///   `admin::UNRUNNABLE`), and the rows ahead of it: for a plain row the entries not yet
+///   claimed of its queue's more urgent lanes, and of its own priority's lanes those
+///   before its own (`gd_ready_lane_seq`); for a row with a
+///   key, a gate or a limit the due rows ahead of it in the pick's order, counted up
 ///   to `$4` on the pick index `(queue, priority, eligible_at, id) WHERE status =
 ///   'runnable'` by a row comparison, which the index reads as a range; ordered as the
 ///   index is, so that on a long backlog the scan walks it and stops at the bound (1M
@@ -40,12 +45,16 @@ live AS MATERIALIZED (
     SELECT n.node_id, n.queues, n.fsms FROM gd_nodes n, t
      WHERE n.last_seen_at > t.now - $3 * interval '1 millisecond'
 )
-SELECT i.id, i.fsm, i.fsm_version, i.queue, i.status::text AS status, i.step, i.attempt,
-       i.eligible_at, i.result, i.last_error, i.awaits, i.await_deadline, i.locked_by,
-       i.lease_expires_at, i.updated_at, i.cancel_requested, i.children_pending,
+SELECT i.id, i.fsm, i.fsm_version, i.queue,
+       CASE WHEN lb.node IS NOT NULL THEN 'executing' ELSE i.status::text END AS status,
+       i.step, i.attempt,
+       i.eligible_at, i.result, i.last_error, i.awaits, i.await_deadline,
+       coalesce(i.locked_by, lb.node) AS locked_by,
+       coalesce(i.lease_expires_at, lb.expires_at) AS lease_expires_at,
+       i.updated_at, i.cancel_requested, i.children_pending,
        i.partition_key, t.now,
-       CASE WHEN i.status = 'executing' THEN
-           (SELECT n.last_seen_at FROM gd_nodes n WHERE n.node_id = i.locked_by) END
+       CASE WHEN i.status = 'executing' OR lb.node IS NOT NULL THEN
+           (SELECT n.last_seen_at FROM gd_nodes n WHERE n.node_id = coalesce(i.locked_by, lb.node)) END
            AS node_seen_at,
        CASE WHEN i.status = 'awaiting_signal' THEN
            (SELECT count(*) FROM (SELECT 1 FROM gd_signals s
@@ -91,10 +100,18 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue, i.status::text AS status, i.step, i.
           FROM live, unnest(fsms) f
          WHERE i.queue = ANY (queues) AND left(f, length(i.fsm) + 1) = i.fsm || '@')
            AS versions_on_queue,
-       CASE WHEN i.status = 'runnable' AND i.eligible_at <= t.now THEN
+       CASE WHEN i.status = 'runnable' AND lb.node IS NULL AND i.ready_seq IS NOT NULL THEN
+           (SELECT count(*) FROM (
+                SELECT 1 FROM gd_lanes l JOIN gd_ready r ON r.lane = l.lane AND r.seq >= l.next_seq
+                 WHERE l.queue = i.queue
+                   AND (l.priority < i.priority OR (l.priority = i.priority AND r.seq < i.ready_seq))
+                 LIMIT $4) x)
+            WHEN i.status = 'runnable' AND i.eligible_at <= t.now
+                 AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL) THEN
            (SELECT count(*) FROM (
                 SELECT 1 FROM gd_instances a
                  WHERE a.queue = i.queue AND a.status = 'runnable'
+                   AND (a.partition_key IS NOT NULL OR a.gate IS NOT NULL OR a.rate_limit IS NOT NULL)
                    AND (a.priority, a.eligible_at, a.id) < (i.priority, i.eligible_at, i.id)
                    AND a.eligible_at <= t.now
                  ORDER BY a.priority, a.eligible_at, a.id
@@ -102,6 +119,11 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue, i.status::text AS status, i.step, i.
   FROM gd_instances i
  CROSS JOIN t
   LEFT JOIN gd_queue_pauses p ON p.queue = i.queue
+  LEFT JOIN LATERAL (
+      SELECT b.node, b.expires_at FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+       WHERE i.status = 'runnable' AND l.queue = i.queue AND l.fsm = i.fsm
+         AND l.priority = i.priority AND b.lo <= i.ready_seq AND b.hi > i.ready_seq
+       LIMIT 1) lb ON true
  WHERE i.id = $1
 "#;
 

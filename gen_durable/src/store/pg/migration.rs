@@ -16,15 +16,23 @@ use sqlx::PgExecutor;
 use crate::model::error::Result;
 use crate::model::rows::Migrated;
 
-/// Moves a claimed row to `$3` with its new state and step, fenced by the claim: a row
-/// reaped (and perhaps claimed elsewhere) meanwhile is not touched. Attempt, awaits,
+/// Moves a claimed row to `$3` with its new state and step, fenced by the claim (for a
+/// plain row claimed from the log, its entry): a row reaped (and perhaps claimed
+/// elsewhere) meanwhile is not touched. Attempt, awaits,
 /// inbox, children and lease stay: the step then runs on the new version under the same
 /// claim.
 pub(super) const MIGRATE_CLAIMED: &str = r#"/* gd:migrate */
-UPDATE gd_instances
+UPDATE gd_instances i
    SET fsm_version = $4, state = $5, step = $6, updated_at = coalesce($7, now())
- WHERE id = $1 AND lease_epoch = $2 AND locked_by = $3 AND status = 'executing'
-RETURNING id
+ WHERE i.id = $1
+   AND CASE WHEN i.locked_by IS NULL
+            THEN i.status = 'runnable' AND i.ready_seq = $2
+                 AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                              WHERE l.queue = i.queue AND l.fsm = i.fsm
+                                AND l.priority = i.priority AND b.node = $3
+                                AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+            ELSE i.lease_epoch = $2 AND i.locked_by = $3 AND i.status = 'executing' END
+RETURNING i.id
 "#;
 
 /// Writes a claimed row's migration; `false` if its lease was lost.
@@ -74,11 +82,13 @@ pub(crate) async fn old_versions<'e>(
 
 /// One batch for a bulk migration: the next `$4` rows after id `$3` of FSM `$1` below
 /// version `$2` that are neither executing nor finished, locked `SKIP LOCKED`. Walks the
-/// primary key from the cursor, so each batch starts where the last one stopped.
+/// primary key from the cursor, so each batch starts where the last one stopped. A plain
+/// row whose step runs from the log (`gd_on_batch`) is executing.
 const LOCK_BATCH: &str = r#"/* gd:migrate */
-SELECT id, fsm_version, step, state FROM gd_instances
+SELECT id, fsm_version, step, state FROM gd_instances i
  WHERE fsm = $1 AND fsm_version < $2 AND id > $3
    AND status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+   AND NOT gd_on_batch(i.queue, i.fsm, i.priority, i.ready_seq)
  ORDER BY id
  LIMIT $4
    FOR NO KEY UPDATE SKIP LOCKED
@@ -86,9 +96,10 @@ SELECT id, fsm_version, step, state FROM gd_instances
 
 /// The same batch read without locking, for a dry run (a lock is a write too).
 const PEEK_BATCH: &str = r#"/* gd:migrate */
-SELECT id, fsm_version, step, state FROM gd_instances
+SELECT id, fsm_version, step, state FROM gd_instances i
  WHERE fsm = $1 AND fsm_version < $2 AND id > $3
    AND status IN ('runnable', 'awaiting_signal', 'awaiting_children')
+   AND NOT gd_on_batch(i.queue, i.fsm, i.priority, i.ready_seq)
  ORDER BY id
  LIMIT $4
 "#;
@@ -113,12 +124,24 @@ pub(crate) async fn batch<'e>(
         .await?)
 }
 
-/// Writes a batch's migrated rows (locked by the batch's transaction).
+/// Writes a batch's migrated rows (locked by the batch's transaction). A plain row leaves
+/// its entry in the log for a new one at the end (at commit, `gd_instances_enqueue`): a
+/// claim reads rows without locking them, so a claim that read it on its old version just
+/// before this commit finds its fence moved and commits nothing of that step. Wakes the
+/// queues of the runnable rows it moved, whose entries are new.
 const APPLY_BATCH: &str = r#"/* gd:migrate */
-UPDATE gd_instances i
-   SET fsm_version = u.version, state = u.state, step = u.step, updated_at = coalesce($5, now())
-  FROM unnest($1::int8[], $2::int4[], $3::jsonb[], $4::text[]) AS u(id, version, state, step)
- WHERE i.id = u.id
+WITH m AS (
+    UPDATE gd_instances i
+       SET fsm_version = u.version, state = u.state, step = u.step,
+           updated_at = coalesce($5, now()), ready_seq = NULL
+      FROM unnest($1::int8[], $2::int4[], $3::jsonb[], $4::text[]) AS u(id, version, state, step)
+     WHERE i.id = u.id
+    RETURNING i.queue, i.status
+)
+SELECT count(*),
+       (SELECT count(pg_notify('gd_wake', q))
+          FROM (SELECT DISTINCT queue AS q FROM m WHERE status = 'runnable') w)
+  FROM m
 "#;
 
 pub(crate) async fn apply_batch<'e>(
@@ -130,15 +153,15 @@ pub(crate) async fn apply_batch<'e>(
     let versions: Vec<i32> = rows.iter().map(|r| r.1.version).collect();
     let states: Vec<Json<&Value>> = rows.iter().map(|r| Json(&r.1.state)).collect();
     let steps: Vec<&str> = rows.iter().map(|r| r.1.step).collect();
-    Ok(sqlx::query(APPLY_BATCH)
+    let (n, _): (i64, i64) = sqlx::query_as(APPLY_BATCH)
         .bind(ids)
         .bind(versions)
         .bind(states)
         .bind(steps)
         .bind(now)
-        .execute(db)
-        .await?
-        .rows_affected())
+        .fetch_one(db)
+        .await?;
+    Ok(n as u64)
 }
 
 /// Records why a row's transform failed, leaving it on its version.
@@ -165,10 +188,10 @@ pub(crate) async fn note_failed<'e>(
 
 /// What is left below version `$2` after a pass: `(executing, other live rows)`.
 const LEFT: &str = r#"/* gd:migrate */
-SELECT count(*) FILTER (WHERE status = 'executing'),
-       count(*) FILTER (WHERE status <> 'executing')
-  FROM gd_instances
- WHERE fsm = $1 AND fsm_version < $2 AND status NOT IN ('done', 'failed')
+SELECT count(*) FILTER (WHERE x.status = 'executing'),
+       count(*) FILTER (WHERE x.status <> 'executing')
+  FROM (SELECT gd_status_of(i) AS status FROM gd_instances i
+         WHERE fsm = $1 AND fsm_version < $2 AND status NOT IN ('done', 'failed')) x
 "#;
 
 pub(crate) async fn left<'e>(db: impl PgExecutor<'e>, fsm: &str, to: i32) -> Result<(i64, i64)> {

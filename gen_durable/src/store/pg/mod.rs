@@ -19,7 +19,7 @@
 //! `/* gd:claim */ WITH picked AS MATERIALIZED …`. The statement counter of
 //! `gen_durable_testkit::statements` classifies by it (its `MARKED_KINDS` lists the
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
-//! kinds: `claim`, `handoff`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
+//! kinds: `advance` (a claim's ranges of the log), `claim`, `handoff`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
 //! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
 //! `schedule`, `migrate`, `explain`, `pause` here (`dashboard` in `gen_durable_ops`);
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
@@ -36,6 +36,7 @@ pub(crate) mod gate;
 pub(crate) mod handoff;
 pub(crate) mod insert;
 pub(crate) mod lease;
+pub(crate) mod log;
 pub(crate) mod migration;
 pub(crate) mod outcome;
 pub(crate) mod pause;

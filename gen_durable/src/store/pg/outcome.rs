@@ -21,6 +21,24 @@ use crate::store::pg::insert::{gate_error, insert_with_parents};
 use crate::store::pooler::On;
 use arrays::Arrays;
 
+/// The fence of an outcome of row `i` at epoch `$2[n]` by node `$3`, as
+/// `gd_commit_outcomes` has it (commit.sql): a row claimed by itself holds its lease; a
+/// plain row claimed from the log (`locked_by` NULL) is still at its entry, in a batch
+/// this node holds.
+macro_rules! fence {
+    () => {
+        "CASE WHEN i.locked_by IS NULL
+            THEN i.status = 'runnable'
+                 AND i.ready_seq = ($2::int8[])[width_bucket(i.id, $1::int8[])]
+                 AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                              WHERE l.queue = i.queue AND l.fsm = i.fsm
+                                AND l.priority = i.priority AND b.node = $3
+                                AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+            ELSE i.locked_by = $3
+                 AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])] END"
+    };
+}
+
 /// Only for a batch that spawns children, in its own transaction, before the children
 /// are inserted: lock the rows this worker still owns, without waiting, and say which
 /// were cancelled. A row whose `(locked_by, lease_epoch)` moved on — reaped, released, or
@@ -29,26 +47,30 @@ use arrays::Arrays;
 /// left out of this commit and deferred. The apply that follows in the same transaction
 /// fences again and finds the same rows.
 ///
-/// Shaped like the function's update: the fence is `(locked_by, lease_epoch)` alone
+/// Shaped like the function's update: the fence is `(locked_by, lease_epoch)` alone, or
+/// for a plain row claimed from the log its entry in a batch this node holds (`fence!`),
 /// (`locked_by` is set only while a row is claimed), the rows are read by primary key and
 /// each epoch is found by binary search in the sorted ids — no join whose plan could
 /// rescan the arrays per row, no scan of every executing row through the lease index.
-pub(super) const FENCE: &str = r#"/* gd:fence */
+pub(super) const FENCE: &str = concat!(
+    r#"/* gd:fence */
 WITH locked AS MATERIALIZED (
     SELECT i.id, i.cancel_requested
       FROM gd_instances i
      WHERE i.id = ANY ($1::int8[])
-       AND i.locked_by = $3
-       AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
+       AND "#,
+    fence!(),
+    r#"
      ORDER BY i.id
        FOR NO KEY UPDATE OF i SKIP LOCKED
 )
 SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS cancelled
   FROM gd_instances i LEFT JOIN locked l ON l.id = i.id
  WHERE i.id = ANY ($1::int8[])
-   AND i.locked_by = $3
-   AND i.lease_epoch = ($2::int8[])[width_bucket(i.id, $1::int8[])]
-"#;
+   AND "#,
+    fence!(),
+    "\n"
+);
 
 /// Applies a batch of outcomes in one round trip: `gd_commit_outcomes` (migration 0013)
 /// locks the rows (and the parents of the rows it ends) without waiting, fences each row

@@ -29,6 +29,20 @@ pub(crate) struct Claimed {
     /// 0027), the claims do not. Passed back to the hand-off of the commit that ends it.
     #[sqlx(default)]
     pub(crate) gate_slot: Option<i16>,
+    /// The batch of the log it was claimed in, `(lane, batch)`, for a plain row: its
+    /// `lease_epoch` is then its entry's seq (`store::pg::log`). `None` for a row claimed
+    /// by itself (a key, a gate or a limit), which holds a lease of its own.
+    #[sqlx(default)]
+    pub(crate) lane: Option<i32>,
+    #[sqlx(default)]
+    pub(crate) batch: Option<i64>,
+}
+
+impl Claimed {
+    /// Its batch in the log, if it was claimed from the log.
+    pub(crate) fn log_batch(&self) -> Option<(i32, i64)> {
+        self.lane.zip(self.batch)
+    }
 }
 
 /// What one claim statement did: the rows it claimed, and what it handed back or
@@ -52,6 +66,8 @@ pub(crate) struct Pick {
     pub(crate) flow: Option<bool>,
     /// `flow` differs from the variant this pick ran: pick again at once with the other.
     pub(crate) switch: bool,
+    /// It took a range of the log: pick again at once, the queue may hold more.
+    pub(crate) advanced: bool,
 }
 
 /// One rate-limit key of a pick.

@@ -36,8 +36,8 @@ async fn a_commit_reads_only_its_batch_when_the_statistics_saw_no_children() {
     let mut conn = db.pool().acquire().await.unwrap();
     sqlx::raw_sql(
         "ALTER TABLE gd_instances SET (autovacuum_enabled = false);
-         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 5000);
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status)
+         SELECT 'F', 1, 's', '{}', 'q', 'done' FROM generate_series(1, 5000);
          ANALYZE gd_instances;
          TRUNCATE gd_instances, gd_signals RESTART IDENTITY CASCADE;
          ANALYZE gd_instances;
@@ -201,8 +201,8 @@ async fn a_claim_the_server_forgot_never_gives_its_epoch_again() {
             .await
             .unwrap();
         sqlx::query(
-            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-             VALUES ('F', 1, 'a', '{}', 'q')",
+            "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+             VALUES ('F', 1, 'a', '{}', 'q', 'u1')",
         )
         .execute(p)
         .await

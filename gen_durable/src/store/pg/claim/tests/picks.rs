@@ -1,4 +1,6 @@
 //! What a claim takes, hands back and defers, and how claims on two connections meet.
+//! These claims take the rows with a K = 1 key, a gate or a rate limit (plain rows are
+//! claimed from the log): rows that no key holds back have unique keys (`u…`) here.
 
 use super::super::*;
 use super::claim_params;
@@ -22,8 +24,8 @@ async fn a_claim_locks_no_more_rows_of_a_gate_key_than_its_room() {
            FROM generate_series(0, 1) s;
          INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
          SELECT 'F', 1, 's', '{}', 'q', 'g', 'k' FROM generate_series(1, 100);
-         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 10);",
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'F', 1, 's', '{}', 'q', 'u' || g FROM generate_series(1, 10) g;",
     )
     .execute(&mut *conn)
     .await
@@ -98,7 +100,7 @@ async fn the_plain_claim_switches_to_the_full_one_once_a_gate_is_declared() {
                   partition_key) VALUES ('F', 1, 's', '{}', 'q', $1, $2)";
     sqlx::query(insert)
         .bind(None::<&str>)
-        .bind(None::<&str>)
+        .bind("u1")
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -202,8 +204,8 @@ async fn a_claim_commits_without_waiting_for_its_flush_and_leaves_the_session_as
     let db = TestDb::new().await;
     let mut conn = db.pool().acquire().await.unwrap();
     sqlx::query(
-        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 4)",
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'F', 1, 's', '{}', 'q', 'u' || g FROM generate_series(1, 4) g",
     )
     .execute(&mut *conn)
     .await

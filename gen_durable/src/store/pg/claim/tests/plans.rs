@@ -1,5 +1,7 @@
 //! The plans the claim functions keep: index scans that stop at the batch, whatever the
-//! table held when the plan was made, one pass for the inboxes, no JIT.
+//! table held when the plan was made, one pass for the inboxes, no JIT. These claims take
+//! the rows with a K = 1 key, a gate or a rate limit (plain rows are claimed from the log),
+//! so the rows here have keys: unique ones (`u…`) where a test means rows no key holds back.
 
 use super::super::*;
 use super::{claim_params, plan, plan_of};
@@ -14,8 +16,8 @@ async fn a_paused_queue_is_checked_once_and_the_pick_stays_an_index_scan() {
     let db = TestDb::new().await;
     let mut conn = db.pool().acquire().await.unwrap();
     sqlx::query(
-        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'F', 1, 's', '{}', CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, 'u' || g
            FROM generate_series(1, 20000) g",
     )
     .execute(&mut *conn)
@@ -63,8 +65,8 @@ async fn a_claim_reads_its_rows_inboxes_and_children_in_one_pass_each() {
     let db = TestDb::new().await;
     let mut conn = db.pool().acquire().await.unwrap();
     sqlx::raw_sql(
-        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 20);
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'F', 1, 's', '{}', 'q', 'u' || g FROM generate_series(1, 20) g;
          CREATE TEMP TABLE nth AS
          SELECT id, row_number() OVER (ORDER BY id) AS n FROM gd_instances;
          INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, parent_id, status,
@@ -153,8 +155,8 @@ async fn no_claim_is_compiled_by_jit() {
     let db = TestDb::new().await;
     let mut conn = db.pool().acquire().await.unwrap();
     sqlx::raw_sql(
-        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'F', 1, 's', '{}', 'q' FROM generate_series(1, 1000);
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'F', 1, 's', '{}', 'q', 'u' || g FROM generate_series(1, 1000) g;
          ANALYZE gd_instances;",
     )
     .execute(&mut *conn)
@@ -193,7 +195,7 @@ async fn full_gate_keys_are_skipped_before_the_limit_and_the_pick_stays_an_index
          INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key)
          SELECT 'F', 1, 's', '{}', 'q',
                 CASE WHEN g % 10 = 0 THEN 'g' END,
-                CASE WHEN g % 10 = 0 THEN 'k' || (g / 10) % 5 END
+                CASE WHEN g % 10 = 0 THEN 'k' || (g / 10) % 5 ELSE 'u' || g END
            FROM generate_series(1, 50000) g;
          INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, gate, partition_key,
                                    status, gate_slot, locked_by)
@@ -253,7 +255,7 @@ async fn a_plan_made_on_an_empty_table_still_reads_only_the_batch() {
     }
     sqlx::query(
         "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
-         SELECT 'F', 1, 's', '{}', 'q', CASE WHEN g % 10 = 0 THEN 'k' || g % 100 END
+         SELECT 'F', 1, 's', '{}', 'q', CASE WHEN g % 10 = 0 THEN 'k' || g % 100 ELSE 'u' || g END
            FROM generate_series(1, 50000) g",
     )
     .execute(&mut *conn)
