@@ -66,6 +66,9 @@ CREATE TABLE gd_batches (
 
 -- The reaper reads expired batches by expiry; a heartbeat and a drain, by node.
 CREATE INDEX gd_batches_expires ON gd_batches (expires_at);
+-- The batch that covers an entry: a lane's batches are disjoint ranges, so it is the one
+-- with the greatest `lo` at most the entry's seq (one probe, however many are live).
+CREATE INDEX gd_batches_range ON gd_batches (lane, lo);
 CREATE INDEX gd_batches_node ON gd_batches (node);
 
 -- Rows that are ready later (a delay, a backoff, a `run_at`), by queue and when: a claim
@@ -85,13 +88,20 @@ CREATE INDEX gd_due_queue_at ON gd_due (queue, at);
 -- ends; a claim that moves the lane's watermark takes it exclusive (`gd_advance`).
 -- Applications must not use advisory locks with this first key.
 
--- Appends an entry for each row of `p_ids` that waits for one: `runnable`, no entry,
--- no K = 1 key, gate or rate limit. A row due later is put in `gd_due` instead. Sets the
--- row's `ready_seq`, the fence of its next step. Returns the queues it appended to (for
--- their wake-up). Its transaction must end soon after: it holds the lanes' append locks,
--- which a claim that moves their watermark waits for. `p_held`: the caller holds the
--- rows' lanes' append locks exclusive already (a claim promoting due rows).
-CREATE FUNCTION gd_append(p_ids int8[], p_now timestamptz, p_held boolean DEFAULT false)
+-- Appends an entry for each row of `p_ids` that waits for one: `runnable`, no entry
+-- (`ready_seq` NULL, or 0: inserted, its append pending, `gd_appends`), no K = 1 key, gate
+-- or rate limit. A row due later is put in `gd_due` instead. Sets the row's `ready_seq`,
+-- the fence of its next step. Returns the queues it appended to (for their wake-up). Its
+-- transaction must end soon after: it holds the lanes' append locks, which a claim that
+-- moves their watermark waits for. `p_held`: the caller holds the rows' lanes' append
+-- locks exclusive already (a claim promoting due rows). `p_by_row`: a row is due if it
+-- was at the clock of the write that made it ready (`updated_at`), not at `p_now`.
+--
+-- Rows are read and written by primary key (`= ANY`), each one's seq found by binary
+-- search in the sorted ids: a join of the rows with the seqs was planned as a scan of
+-- the whole table once it had grown.
+CREATE FUNCTION gd_append(p_ids int8[], p_now timestamptz, p_held boolean DEFAULT false,
+                          p_by_row boolean DEFAULT false)
 RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -99,19 +109,30 @@ DECLARE
     t     timestamptz := coalesce(p_now, statement_timestamp());
     rows_ int8[];
     ready int8[];
+    ids   int8[];
+    seqs  int8[];
+    lanes int4[];
 BEGIN
     SELECT coalesce(array_agg(x.id), '{}'),
-           coalesce(array_agg(x.id) FILTER (WHERE x.eligible_at <= t), '{}')
+           coalesce(array_agg(x.id) FILTER (WHERE x.due), '{}')
       INTO rows_, ready
-      FROM (SELECT i.id, i.eligible_at FROM gd_instances i
-             WHERE i.id = ANY (p_ids) AND i.status = 'runnable' AND i.ready_seq IS NULL
+      FROM (SELECT i.id,
+                   i.eligible_at <= CASE WHEN p_by_row THEN i.updated_at ELSE t END AS due
+              FROM gd_instances i
+             WHERE i.id = ANY (p_ids) AND i.status = 'runnable'
+               AND coalesce(i.ready_seq, 0) = 0
                AND i.partition_key IS NULL AND i.gate IS NULL AND i.rate_limit IS NULL
              ORDER BY i.id
                FOR NO KEY UPDATE) x;
+    -- A row due later waits with `ready_seq` NULL, so that a write that makes it due
+    -- sooner (its `eligible_at`) comes here again (`gd_instances_enqueue`). Only a 0 is
+    -- written: writing a NULL again would queue this function again at commit, for ever.
     IF cardinality(rows_) > cardinality(ready) THEN
         INSERT INTO gd_due (id, queue, at)
         SELECT i.id, i.queue, i.eligible_at FROM gd_instances i
          WHERE i.id = ANY (rows_) AND i.id <> ALL (ready);
+        UPDATE gd_instances i SET ready_seq = NULL
+         WHERE i.id = ANY (rows_) AND i.id <> ALL (ready) AND i.ready_seq = 0;
     END IF;
     IF cardinality(ready) = 0 THEN
         RETURN;
@@ -133,18 +154,21 @@ BEGIN
              ORDER BY l.lane) x;
     END IF;
     -- Seqs in pick order, so a lane serves its rows first in, first out.
+    SELECT array_agg(x.id ORDER BY x.id), array_agg(x.seq ORDER BY x.id),
+           array_agg(x.lane ORDER BY x.id)
+      INTO ids, seqs, lanes
+      FROM (SELECT y.id, y.lane, nextval('gd_ready_seq') AS seq FROM (
+                SELECT i.id, l.lane FROM gd_instances i
+                  JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm
+                                 AND l.priority = i.priority
+                 WHERE i.id = ANY (ready)
+                 ORDER BY i.priority, i.eligible_at, i.id) y) x;
+    INSERT INTO gd_ready (lane, seq, id) SELECT * FROM unnest(lanes, seqs, ids);
     RETURN QUERY
-    WITH s AS MATERIALIZED (
-        SELECT x.id, x.lane, nextval('gd_ready_seq') AS seq FROM (
-            SELECT i.id, l.lane FROM gd_instances i
-              JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
-             WHERE i.id = ANY (ready)
-             ORDER BY i.priority, i.eligible_at, i.id) x
-    ), a AS (
-        UPDATE gd_instances i SET ready_seq = s.seq FROM s WHERE i.id = s.id
+    WITH a AS (
+        UPDATE gd_instances i SET ready_seq = seqs[width_bucket(i.id, ids)]
+         WHERE i.id = ANY (ids)
         RETURNING i.queue
-    ), e AS (
-        INSERT INTO gd_ready (lane, seq, id) SELECT s.lane, s.seq, s.id FROM s
     )
     SELECT DISTINCT a.queue FROM a;
 END
@@ -276,7 +300,9 @@ $$;
 --
 -- PL/pgSQL keeps the plan, and `enable_seqscan = off` keeps it on the indexes: a segment
 -- made empty and analyzed empty was read by a sequential scan once it had filled
--- (gd_proto, `Lwdp`).
+-- (gd_proto, `Lwdp`). The inboxes and the children are each read once (`MATERIALIZED`):
+-- joined as subqueries, the children's were read again for every row (14 ms a claim of
+-- 256 rows, most of a drain's time).
 CREATE FUNCTION gd_read(p_batches int8[], p_names text[], p_versions int4[], p_now timestamptz)
 RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
     awaits text[], lease_epoch bigint, partition_key text, gate text, inbox json, children json,
@@ -307,24 +333,28 @@ BEGIN
          WHERE i.ready_seq = r.seq AND i.status = 'runnable'
     ), back AS (
         UPDATE gd_instances i SET ready_seq = NULL, eligible_at = t + interval '1 second'
-          FROM e
-         WHERE i.id = e.id AND NOT e.runs AND i.ready_seq = e.seq
+         WHERE i.id = ANY (ARRAY(SELECT e.id FROM e WHERE NOT e.runs))
+           AND i.ready_seq IS NOT NULL
         RETURNING i.id
+    ), sg AS MATERIALIZED (
+        SELECT s.target_id, json_agg(json_build_object(
+                   'id', s.id, 'name', s.name, 'payload', s.payload,
+                   'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id) AS inbox
+          FROM gd_signals s WHERE s.target_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
+         GROUP BY s.target_id
+    ), kid AS MATERIALIZED (
+        SELECT ch.parent_id, json_agg(json_build_object(
+                   'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
+                   'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id) AS children
+          FROM gd_instances ch WHERE ch.parent_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
+         GROUP BY ch.parent_id
     )
     SELECT e.id, e.fsm, e.fsm_version, e.step, e.state, e.attempt, e.awaits, e.seq,
            NULL::text, NULL::text,
            coalesce(sg.inbox, '[]'), coalesce(kid.children, '[]'), t, e.lane, e.batch
       FROM e
-      LEFT JOIN (SELECT s.target_id, json_agg(json_build_object(
-                       'id', s.id, 'name', s.name, 'payload', s.payload,
-                       'dedup_key', s.dedup_key, 'inserted_at', s.inserted_at) ORDER BY s.id) AS inbox
-                   FROM gd_signals s WHERE s.target_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
-                  GROUP BY s.target_id) sg ON sg.target_id = e.id
-      LEFT JOIN (SELECT ch.parent_id, json_agg(json_build_object(
-                       'id', ch.id, 'fsm', ch.fsm, 'status', ch.status, 'state', ch.state,
-                       'result', ch.result, 'last_error', ch.last_error) ORDER BY ch.id) AS children
-                   FROM gd_instances ch WHERE ch.parent_id = ANY (ARRAY(SELECT e.id FROM e WHERE e.runs))
-                  GROUP BY ch.parent_id) kid ON kid.parent_id = e.id
+      LEFT JOIN sg ON sg.target_id = e.id
+      LEFT JOIN kid ON kid.parent_id = e.id
      WHERE e.runs
      ORDER BY e.seq;
 END
@@ -447,7 +477,9 @@ $$;
 CREATE FUNCTION gd_on_batch(p_queue text, p_fsm text, p_priority smallint, p_seq int8)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT p_seq IS NOT NULL AND EXISTS (
-        SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+        SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= p_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
          WHERE l.queue = p_queue AND l.fsm = p_fsm AND l.priority = p_priority
            AND b.lo <= p_seq AND b.hi > p_seq)
 $$;
@@ -466,7 +498,9 @@ $$;
 CREATE FUNCTION gd_holder(i gd_instances) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(i.locked_by, (
-        SELECT b.node FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+        SELECT b.node FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
          WHERE i.status = 'runnable' AND l.queue = i.queue AND l.fsm = i.fsm
            AND l.priority = i.priority AND b.lo <= i.ready_seq AND b.hi > i.ready_seq
          LIMIT 1))
@@ -502,7 +536,7 @@ CREATE TRIGGER gd_instances_off_log
 -- the engine's manual clock, in tests, is not the database's.
 CREATE FUNCTION gd_enqueue() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM gd_append(ARRAY[NEW.id], NEW.updated_at);
+    PERFORM gd_append(ARRAY[NEW.id], NULL, false, true);
     RETURN NULL;
 END
 $$;
@@ -514,6 +548,28 @@ CREATE CONSTRAINT TRIGGER gd_instances_enqueue
     WHEN (NEW.status = 'runnable' AND NEW.ready_seq IS NULL AND NEW.partition_key IS NULL
           AND NEW.gate IS NULL AND NEW.rate_limit IS NULL)
     EXECUTE FUNCTION gd_enqueue();
+
+-- The appends an insert left for its commit: one row per insert statement, holding its
+-- plain rows' ids (inserted with `ready_seq` 0, which the row trigger above passes by),
+-- appended in one call at commit and deleted. A row-by-row trigger cost 0.4 ms per row
+-- at commit. Unlogged: a row lives only inside its transaction.
+CREATE UNLOGGED TABLE gd_appends (
+    ids int8[] NOT NULL
+);
+
+CREATE FUNCTION gd_append_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM gd_append(NEW.ids, NULL, false, true);
+    DELETE FROM gd_appends a WHERE a.ids = NEW.ids;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER gd_appends_at_commit
+    AFTER INSERT ON gd_appends
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    EXECUTE FUNCTION gd_append_inserted();
 
 CREATE OR REPLACE FUNCTION gd_claim_plain(text, text[], int4[], int8, text, int8, timestamptz)
 RETURNS TABLE (id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
@@ -1038,6 +1094,7 @@ DECLARE
     how      int[];
     quick    int8[];
     logged   int8[];
+    closed   int8[];
     wanted   int8[];
     parents  int8[];
     ready    int8[];
@@ -1075,12 +1132,14 @@ BEGIN
     SELECT coalesce(array_agg(x.id), '{}'),
            coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how = 2 AND NOT x.log), '{}'),
            coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how IN (2, 3) AND x.log), '{}'),
+           coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.done AND x.log), '{}'),
            coalesce(array_agg(DISTINCT x.parent_id)
                         FILTER (WHERE (x.cancelled OR x.how = 1) AND x.parent_id IS NOT NULL),
                     '{}')
-      INTO mine, quick, logged, wanted
+      INTO mine, quick, logged, closed, wanted
       FROM (SELECT i.id, i.parent_id, i.cancel_requested AS cancelled,
-                   how[width_bucket(i.id, p_ids)] AS how, i.locked_by IS NULL AS log
+                   how[width_bucket(i.id, p_ids)] AS how, i.locked_by IS NULL AS log,
+                   p_kinds[width_bucket(i.id, p_ids)] = 'done' AS done
               FROM gd_instances i
              WHERE i.id = ANY (p_ids)
              ORDER BY i.id
@@ -1101,6 +1160,7 @@ BEGIN
                AND (i.parent_id IS NULL OR i.parent_id = ANY (parents)
                     OR NOT (i.cancel_requested
                             OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop')));
+            closed := ARRAY(SELECT unnest(closed) INTERSECT SELECT unnest(ready));
         END IF;
     END IF;
     -- Deferred: still this node's, but locked by someone else (or its parent is).
@@ -1158,11 +1218,31 @@ BEGIN
          WHERE i.id = ANY (logged)
            AND i.locked_by IS NULL AND i.status = 'runnable'
            AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
-           AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+           AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
                         WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
                           AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
         RETURNING i.id, i.status, i.parent_id, i.queue, i.fsm, i.priority, i.ready_seq,
                   p_run_ahead[width_bucket(i.id, p_ids)] AS ahead
+    ), shut AS (
+        -- A plain row's `done` (`closed`) writes only what a `done` changes.
+        UPDATE gd_instances i
+           SET (step, state, result, last_error) = (
+                   SELECT coalesce(p_steps[x.n], i.step), coalesce(p_states[x.n], i.state),
+                          p_results[x.n], p_errors[x.n]
+                     FROM (SELECT width_bucket(i.id, p_ids) AS n) x),
+               status = 'done', awaits = '{}', await_deadline = NULL, updated_at = t,
+               ready_seq = NULL
+         WHERE i.id = ANY (closed)
+           AND i.locked_by IS NULL AND i.status = 'runnable'
+           AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
+           AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
+                        WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+                          AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+        RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
     ), appended AS (
         INSERT INTO gd_ready (lane, seq, id)
         SELECT l.lane, g.ready_seq, g.id FROM logd g
@@ -1243,17 +1323,20 @@ BEGIN
          WHERE i.id = ANY (ready)
            AND i.id <> ALL (quick)
            AND i.id <> ALL (logged)
+           AND i.id <> ALL (closed)
            AND CASE WHEN i.locked_by IS NULL
                     THEN i.status = 'runnable'
                          AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
-                         AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                         AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
                                      WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
                                        AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
                     ELSE i.locked_by = p_node
                          AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)] END
         RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
     ), upd AS (
-        SELECT * FROM fast UNION ALL SELECT * FROM slow
+        SELECT * FROM fast UNION ALL SELECT * FROM slow UNION ALL SELECT * FROM shut
         UNION ALL SELECT g.id, g.status, g.parent_id, g.queue, g.ahead FROM logd g
     ), consumed AS (
         DELETE FROM gd_signals s USING upd u

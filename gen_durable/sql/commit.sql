@@ -130,6 +130,7 @@ DECLARE
     how      int[];
     quick    int8[];
     logged   int8[];
+    closed   int8[];
     wanted   int8[];
     parents  int8[];
     ready    int8[];
@@ -167,12 +168,14 @@ BEGIN
     SELECT coalesce(array_agg(x.id), '{}'),
            coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how = 2 AND NOT x.log), '{}'),
            coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.how IN (2, 3) AND x.log), '{}'),
+           coalesce(array_agg(x.id) FILTER (WHERE NOT x.cancelled AND x.done AND x.log), '{}'),
            coalesce(array_agg(DISTINCT x.parent_id)
                         FILTER (WHERE (x.cancelled OR x.how = 1) AND x.parent_id IS NOT NULL),
                     '{}')
-      INTO mine, quick, logged, wanted
+      INTO mine, quick, logged, closed, wanted
       FROM (SELECT i.id, i.parent_id, i.cancel_requested AS cancelled,
-                   how[width_bucket(i.id, p_ids)] AS how, i.locked_by IS NULL AS log
+                   how[width_bucket(i.id, p_ids)] AS how, i.locked_by IS NULL AS log,
+                   p_kinds[width_bucket(i.id, p_ids)] = 'done' AS done
               FROM gd_instances i
              WHERE i.id = ANY (p_ids)
              ORDER BY i.id
@@ -193,6 +196,7 @@ BEGIN
                AND (i.parent_id IS NULL OR i.parent_id = ANY (parents)
                     OR NOT (i.cancel_requested
                             OR p_kinds[width_bucket(i.id, p_ids)] IN ('done', 'stop')));
+            closed := ARRAY(SELECT unnest(closed) INTERSECT SELECT unnest(ready));
         END IF;
     END IF;
     -- Deferred: still this node's, but locked by someone else (or its parent is).
@@ -250,11 +254,31 @@ BEGIN
          WHERE i.id = ANY (logged)
            AND i.locked_by IS NULL AND i.status = 'runnable'
            AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
-           AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+           AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
                         WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
                           AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
         RETURNING i.id, i.status, i.parent_id, i.queue, i.fsm, i.priority, i.ready_seq,
                   p_run_ahead[width_bucket(i.id, p_ids)] AS ahead
+    ), shut AS (
+        -- A plain row's `done` (`closed`) writes only what a `done` changes.
+        UPDATE gd_instances i
+           SET (step, state, result, last_error) = (
+                   SELECT coalesce(p_steps[x.n], i.step), coalesce(p_states[x.n], i.state),
+                          p_results[x.n], p_errors[x.n]
+                     FROM (SELECT width_bucket(i.id, p_ids) AS n) x),
+               status = 'done', awaits = '{}', await_deadline = NULL, updated_at = t,
+               ready_seq = NULL
+         WHERE i.id = ANY (closed)
+           AND i.locked_by IS NULL AND i.status = 'runnable'
+           AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
+           AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
+                        WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+                          AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
+        RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
     ), appended AS (
         INSERT INTO gd_ready (lane, seq, id)
         SELECT l.lane, g.ready_seq, g.id FROM logd g
@@ -335,17 +359,20 @@ BEGIN
          WHERE i.id = ANY (ready)
            AND i.id <> ALL (quick)
            AND i.id <> ALL (logged)
+           AND i.id <> ALL (closed)
            AND CASE WHEN i.locked_by IS NULL
                     THEN i.status = 'runnable'
                          AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
-                         AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                         AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
                                      WHERE l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
                                        AND b.node = p_node AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
                     ELSE i.locked_by = p_node
                          AND i.lease_epoch = p_epochs[width_bucket(i.id, p_ids)] END
         RETURNING i.id, i.status, i.parent_id, i.queue, false AS ahead
     ), upd AS (
-        SELECT * FROM fast UNION ALL SELECT * FROM slow
+        SELECT * FROM fast UNION ALL SELECT * FROM slow UNION ALL SELECT * FROM shut
         UNION ALL SELECT g.id, g.status, g.parent_id, g.queue, g.ahead FROM logd g
     ), consumed AS (
         DELETE FROM gd_signals s USING upd u

@@ -18,18 +18,21 @@
 //!
 //! ```text
 //!  Client::insert ─────────────► gd_instances row `runnable`        client/insert.rs, store/pg/insert.rs
+//!        its entry in the ready log at commit (a plain row)         sql/log.sql (gd_append)
 //!        (NOTIFY gd_wake, coalesced)                                notify.rs
 //!             │
 //!  listener ──┤ wakes the queue's picker; polling backs it up       engine/listener.rs
 //!             ▼
-//!  picker: claim (FOR NO KEY UPDATE SKIP LOCKED, lease + epoch)     engine/picker.rs, store/pg/claim/
-//!        → local buffer → a free slot                               sql/claim.sql
+//!  picker: a plain row by a range of its lane's entries (one        engine/picker.rs, store/pg/log.rs,
+//!        batch per lane, nothing written per row); a row with a     sql/log.sql (gd_advance, gd_read),
+//!        key, gate or limit by itself (SKIP LOCKED, lease + epoch)  store/pg/claim/, sql/claim.sql
+//!        → local buffer → a free slot
 //!             ▼
 //!  executor: run the step outside any transaction                   engine/executor.rs, runtime.rs, ctx.rs
 //!        (run-ahead: go on with the next `next` under the claim)
 //!             ▼
-//!  committer: group commit, fenced by (locked_by, lease_epoch)      engine/committer/{batching,group,own}.rs
-//!        or the step's own transaction; one statement:              store/pg/outcome.rs,
+//!  committer: group commit, fenced by the row's entry and batch     engine/committer/{batching,group,own}.rs
+//!        (or its lease), or the step's own transaction; one:        store/pg/outcome.rs,
 //!        gd_commit_outcomes                                         sql/commit.sql
 //!             │
 //!             ├─ schedule_children: fence, insert the children,       store/pg/outcome.rs (spawn_children),

@@ -334,7 +334,7 @@ impl Picker {
 impl Queue {
     /// One claim of up to `demand` rows; the rows join this node's claims table.
     async fn claim(&self, demand: usize) -> Result<claim::Pick> {
-        let pick = self.claim_rows(demand).await?;
+        let mut pick = self.claim_rows(demand).await?;
         if let Some(flow) = pick.flow {
             self.shared.flow.store(flow, Ordering::Relaxed);
         }
@@ -363,9 +363,8 @@ impl Queue {
                 });
             }
         }
-        for r in rows {
-            self.shared.claims.hold(r.id, r.lease_epoch, r.log_batch());
-        }
+        pick.rows
+            .retain(|r| self.shared.claims.hold(r.id, r.lease_epoch, r.log_batch()));
         Ok(pick)
     }
 

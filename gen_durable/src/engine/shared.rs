@@ -174,8 +174,12 @@ impl Batches {
 
 impl Claims {
     /// Records the claim `(id, epoch)`, of `batch` when it came from the log: its lease
-    /// (or its batch) is heartbeated from now on.
-    pub(crate) fn hold(&self, id: i64, epoch: i64, batch: Option<Batch>) {
+    /// (or its batch) is heartbeated from now on. Returns false when this node already
+    /// holds that very claim: a range of the log taken again because a server crash forgot
+    /// the batch that took it first. The row's step is already running here (its outcome
+    /// will pass the fence with the new batch, which is heartbeated in the old one's
+    /// place): do not run it twice.
+    pub(crate) fn hold(&self, id: i64, epoch: i64, batch: Option<Batch>) -> bool {
         let old = self
             .leases
             .lock()
@@ -189,6 +193,7 @@ impl Claims {
         if let Some((_, Some(b))) = old {
             batches.release(b, true);
         }
+        old.is_none_or(|(e, _)| e != epoch)
     }
 
     /// Records that the claim `(id, epoch)` runs its step, cancelled through `token`.

@@ -103,7 +103,8 @@ WITH RECURSIVE lanes AS (
     SELECT i.queue, i.priority, count(*),
            count(*) FILTER (WHERE i.eligible_at <= coalesce($2, now())), min(i.eligible_at)
       FROM (SELECT DISTINCT d.id FROM (SELECT d.id FROM gd_due d LIMIT $1) d) d
-      JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable' AND i.ready_seq IS NULL
+      JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable'
+                         AND coalesce(i.ready_seq, 0) = 0
      GROUP BY i.queue, i.priority
 )
 SELECT queue, priority, least(sum(runnable), $1)::int8 AS runnable,

@@ -120,7 +120,9 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue,
  CROSS JOIN t
   LEFT JOIN gd_queue_pauses p ON p.queue = i.queue
   LEFT JOIN LATERAL (
-      SELECT b.node, b.expires_at FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+      SELECT b.node, b.expires_at FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
        WHERE i.status = 'runnable' AND l.queue = i.queue AND l.fsm = i.fsm
          AND l.priority = i.priority AND b.lo <= i.ready_seq AND b.hi > i.ready_seq
        LIMIT 1) lb ON true

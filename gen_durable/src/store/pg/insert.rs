@@ -24,7 +24,7 @@ WITH input AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps, parent_id,
                               inserted_at, updated_at, gate, rate_limit, rate_key,
-                              rate_weight, rate_step)
+                              rate_weight, rate_step, ready_seq)
     SELECT fsm, fsm_version, step, state, queue, priority, partition_key, unique_key,
            string_to_array(unique_scope, ',')::gd_status[],
            coalesce(eligible_at,
@@ -32,11 +32,15 @@ WITH input AS (
            max_reaps, parent_id, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()),
            gate, rate_limit, rate_key,
            CASE WHEN rate_limit IS NOT NULL THEN gd_rate_weight(rate_limit, rate_weight) END,
-           CASE WHEN rate_limit IS NOT NULL THEN step END
+           CASE WHEN rate_limit IS NOT NULL THEN step END,
+           CASE WHEN partition_key IS NULL AND gate IS NULL AND rate_limit IS NULL THEN 0 END
     FROM input"#,
             $tail,
             r#"
-    RETURNING id, parent_id, queue, eligible_at
+    RETURNING id, parent_id, queue, eligible_at, ready_seq
+), pending AS (
+    INSERT INTO gd_appends (ids)
+    SELECT array_agg(id) FROM ins WHERE ready_seq = 0 HAVING count(*) > 0
 )
 SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids,
        coalesce(array_agg(parent_id ORDER BY id), '{}') AS parents,
@@ -58,7 +62,10 @@ FROM ins
 /// among the queues in `$15` (the caller's [`crate::store::notify::Notifier`] coalesces them).
 /// Times count from the statement's start, not its transaction's: children inserted by a
 /// step's own transaction, or rows by a caller's long one, are delayed from when they
-/// are inserted.
+/// are inserted. Plain rows (no key, gate or limit) are inserted with `ready_seq` 0 and
+/// their ids left in `gd_appends`, whose trigger appends them to the log in one call as
+/// the transaction commits (log.sql): a caller's long transaction holds no lane's append
+/// lock.
 pub(super) const INSERT: &str = insert!(
     "
     ORDER BY unique_key NULLS LAST, ord
@@ -191,14 +198,17 @@ WITH ins AS (
     INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, partition_key,
                               unique_key, unique_scope, eligible_at, max_reaps,
                               inserted_at, updated_at, gate, rate_limit, rate_key,
-                              rate_weight, rate_step)
+                              rate_weight, rate_step, ready_seq)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, string_to_array($9, ',')::gd_status[],
             coalesce($10, coalesce($13, statement_timestamp()) + coalesce($11, 0) * interval '1 millisecond'),
             $12, coalesce($13, statement_timestamp()), coalesce($13, statement_timestamp()), $15,
             $16, $17, CASE WHEN $16::text IS NOT NULL THEN gd_rate_weight($16, $18) END,
-            CASE WHEN $16::text IS NOT NULL THEN $3 END)
+            CASE WHEN $16::text IS NOT NULL THEN $3 END,
+            CASE WHEN $7::text IS NULL AND $15::text IS NULL AND $16::text IS NULL THEN 0 END)
     ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
-    RETURNING id, queue, eligible_at
+    RETURNING id, queue, eligible_at, ready_seq
+), pending AS (
+    INSERT INTO gd_appends (ids) SELECT ARRAY[id] FROM ins WHERE ready_seq = 0
 )
 SELECT id,
        (SELECT count(pg_notify('gd_wake', queue)) FROM ins

@@ -30,7 +30,9 @@ macro_rules! fence {
         "CASE WHEN i.locked_by IS NULL
             THEN i.status = 'runnable'
                  AND i.ready_seq = ($2::int8[])[width_bucket(i.id, $1::int8[])]
-                 AND EXISTS (SELECT 1 FROM gd_lanes l JOIN gd_batches b ON b.lane = l.lane
+                 AND EXISTS (SELECT 1 FROM gd_lanes l CROSS JOIN LATERAL (SELECT b.lo, b.hi, b.node, b.expires_at FROM gd_batches b
+                              WHERE b.lane = l.lane AND b.lo <= i.ready_seq
+                              ORDER BY b.lo DESC LIMIT 1) b
                               WHERE l.queue = i.queue AND l.fsm = i.fsm
                                 AND l.priority = i.priority AND b.node = $3
                                 AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
