@@ -189,7 +189,7 @@ impl Bench {
 
     /// An empty table for the next scenario.
     pub(crate) async fn clean(&self) -> sqlx::Result<()> {
-        sqlx::query("TRUNCATE gd_instances, gd_signals RESTART IDENTITY CASCADE")
+        sqlx::query("TRUNCATE gd_instances, gd_signals, gd_ready, gd_batches, gd_due RESTART IDENTITY CASCADE")
             .execute(&self.quiet)
             .await?;
         sqlx::query("VACUUM ANALYZE gd_instances")

@@ -1,12 +1,14 @@
 -- v1: the schema as it is (gen_durable's migrations), its plain claim (`gd_claim_plain`)
 -- and its group commit (`gd_commit_outcomes`), called as the engine calls them. One wide
 -- row with 12 indexes is queue entry, lease, state and result; a claim and a commit each
--- write the row again; `gc` deletes terminal rows later.
+-- write the row again; `gc` deletes terminal rows later. Since storage v2 a plain row
+-- runs from the ready log and only a row claimed by itself (a K = 1 key, a gate, a rate
+-- limit) takes this claim: each row has a key of its own, as the v1 claim's unit tests do.
 -- @setup
 @gen_durable_schema
 -- @seed
-INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-SELECT 'proto', 1, 's0', jsonb_build_object('i', g, 'step', 0), 'default'
+INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+SELECT 'proto', 1, 's0', jsonb_build_object('i', g, 'step', 0), 'default', 'u' || g
   FROM generate_series(1, $1) g
 -- @claim
 SELECT c.id, c.lease_epoch AS epoch, c.step, c.state

@@ -56,6 +56,27 @@ pub(super) async fn capture_statements(b: &Bench) -> R<()> {
     Ok(())
 }
 
+/// Turns on auto_explain for the nested statements of the functions this transaction calls
+/// (their plans come back as notices).
+pub(super) async fn auto_explain(tx: &mut sqlx::PgConnection, on: bool) -> R<()> {
+    let sets: &[&str] = if on {
+        &[
+            "LOAD 'auto_explain'",
+            "SET LOCAL auto_explain.log_min_duration = 0",
+            "SET LOCAL auto_explain.log_analyze = on",
+            "SET LOCAL auto_explain.log_buffers = on",
+            "SET LOCAL auto_explain.log_nested_statements = on",
+            "SET LOCAL auto_explain.log_level = notice",
+        ]
+    } else {
+        &["SET LOCAL auto_explain.log_min_duration = -1"]
+    };
+    for set in sets {
+        sqlx::query(set).execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
 /// Calls `gd_commit_outcomes` with a `next` outcome for each claimed row, with
 /// auto_explain on for its nested statements, and returns their plans.
 pub(super) async fn explain_commit(
@@ -64,16 +85,7 @@ pub(super) async fn explain_commit(
     apply_sql: &str,
     claimed: &[(i64, i64)],
 ) -> R<String> {
-    for set in [
-        "LOAD 'auto_explain'",
-        "SET LOCAL auto_explain.log_min_duration = 0",
-        "SET LOCAL auto_explain.log_analyze = on",
-        "SET LOCAL auto_explain.log_buffers = on",
-        "SET LOCAL auto_explain.log_nested_statements = on",
-        "SET LOCAL auto_explain.log_level = notice",
-    ] {
-        sqlx::query(set).execute(&mut *tx).await?;
-    }
+    auto_explain(tx, true).await?;
     let k = claimed.len();
     b.log.take_notices();
     let r = sqlx::query(apply_sql)
@@ -104,9 +116,7 @@ pub(super) async fn explain_commit(
         .await;
     // The apply's own error first: after it, the transaction refuses every statement.
     r?;
-    sqlx::query("SET LOCAL auto_explain.log_min_duration = -1")
-        .execute(&mut *tx)
-        .await?;
+    auto_explain(tx, false).await?;
     Ok(b.log.take_notices().join("\n"))
 }
 

@@ -2,8 +2,9 @@
 //! on the one database, instead of one engine in the harness's own process.
 //!
 //! The parent inserts the backlog exactly as the in-process scenario does (an empty table,
-//! then the rows, then `VACUUM ANALYZE`), takes `LOCK TABLE gd_instances IN EXCLUSIVE
-//! MODE` in a transaction it keeps open, and only then spawns N copies of its own binary
+//! then the rows, then `VACUUM ANALYZE`), takes `LOCK TABLE gd_instances, gd_lanes IN
+//! EXCLUSIVE MODE` in a transaction it keeps open (a claim of the ready log starts by
+//! locking its lanes' rows; a claim of keyed rows, by reading `gd_instances` for update), and only then spawns N copies of its own binary
 //! (`--worker K`, same engine flags: concurrency, prefetch, min_demand, commit_batch and
 //! pool are *per process*). Each worker starts one engine, as the in-process scenario
 //! does, and says `ready`; its first claim then waits on the lock. Once the claims of all
@@ -114,7 +115,7 @@ fn round3(x: f64) -> f64 {
 async fn drain_in(b: &Bench, cfg: &EngineCfg, backlog: Backlog, procs: usize) -> R<Report> {
     backlog.insert(b).await?;
     let mut lock = b.quiet.begin().await?;
-    sqlx::query("LOCK TABLE gd_instances IN EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE gd_instances, gd_lanes IN EXCLUSIVE MODE")
         .execute(&mut *lock)
         .await?;
     let mut w = Workers::spawn(&b.args, procs)?;
@@ -132,7 +133,8 @@ async fn drain_in(b: &Bench, cfg: &EngineCfg, backlog: Backlog, procs: usize) ->
     let waiting = format!(
         "SELECT count(DISTINCT application_name) FROM pg_stat_activity
          WHERE datname = current_database() AND application_name LIKE '{APP}%'
-           AND wait_event_type = 'Lock' AND query LIKE '/* gd:claim */%'"
+           AND wait_event_type = 'Lock'
+           AND (query LIKE '/* gd:claim */%' OR query LIKE '/* gd:advance */%')"
     );
     while scalar_i64(&b.quiet, &waiting).await? < procs as i64 {
         let poll = (Instant::now() + Duration::from_millis(2)).min(start);
