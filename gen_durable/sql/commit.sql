@@ -188,6 +188,9 @@ BEGIN
              WHERE p.id = ANY (wanted)
              ORDER BY p.id
                FOR NO KEY UPDATE SKIP LOCKED) x;
+        -- A parent that is gone (collected) waits for nothing: it counts as held.
+        parents := parents || ARRAY(SELECT w FROM unnest(wanted) w
+                                     WHERE NOT EXISTS (SELECT 1 FROM gd_instances p WHERE p.id = w));
         IF cardinality(parents) = cardinality(wanted) THEN
             ready := mine;
         ELSE

@@ -74,6 +74,11 @@ BEGIN
                                 OR (i.id <> ALL (spared) AND i.reaps + 1 >= i.max_reaps)))
          ORDER BY p.id
            FOR NO KEY UPDATE SKIP LOCKED) x;
+    -- A parent that is gone (collected) waits for nothing: it counts as held.
+    parents := parents || ARRAY(SELECT DISTINCT i.parent_id FROM gd_instances i
+                                 WHERE i.id = ANY (cand) AND i.parent_id IS NOT NULL
+                                   AND NOT EXISTS (SELECT 1 FROM gd_instances p
+                                                    WHERE p.id = i.parent_id));
     WITH counted AS (
         SELECT c.id, c.id <> ALL (spared) AS counts FROM unnest(cand) AS c(id)
     ), reaped AS (
@@ -150,6 +155,11 @@ BEGIN
                          WHERE i.id = ANY (mine) AND i.parent_id IS NOT NULL AND i.cancel_requested)
          ORDER BY p.id
            FOR NO KEY UPDATE SKIP LOCKED) x;
+    -- A parent that is gone (collected) waits for nothing: it counts as held.
+    parents := parents || ARRAY(SELECT DISTINCT i.parent_id FROM gd_instances i
+                                 WHERE i.id = ANY (mine) AND i.parent_id IS NOT NULL
+                                   AND NOT EXISTS (SELECT 1 FROM gd_instances p
+                                                    WHERE p.id = i.parent_id));
     WITH released AS (
         UPDATE gd_instances i
            SET status = (CASE WHEN i.cancel_requested THEN 'failed' ELSE 'runnable' END)::gd_status,

@@ -405,6 +405,11 @@ BEGIN
             SELECT p.id FROM gd_instances p
              WHERE p.id IN (SELECT i.parent_id FROM gd_instances i WHERE i.id = ANY (fail))
              ORDER BY p.id FOR NO KEY UPDATE SKIP LOCKED) x;
+        -- A parent that is gone (collected) waits for nothing: it counts as held.
+        parents := parents || ARRAY(SELECT DISTINCT i.parent_id FROM gd_instances i
+                                     WHERE i.id = ANY (fail) AND i.parent_id IS NOT NULL
+                                       AND NOT EXISTS (SELECT 1 FROM gd_instances p
+                                                        WHERE p.id = i.parent_id));
         CONTINUE WHEN cardinality(parents) < (SELECT count(DISTINCT i.parent_id) FROM gd_instances i
                                               WHERE i.id = ANY (fail));
         UPDATE gd_instances i

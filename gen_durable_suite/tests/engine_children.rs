@@ -406,3 +406,119 @@ async fn e15_a_caller_lock_on_a_parent_does_not_stall_the_group_commit() {
         "the parent ends done after the caller commits: {p_row}"
     );
 }
+
+/// The parent of `child` is gone, as after the collector deleted it (a cancelled parent
+/// collected while its flagged child still ran): `parent_id` names no row.
+async fn orphan(db: &TestDb, child: i64) {
+    sqlx::query("UPDATE gd_instances SET parent_id = $1 + 1000000 WHERE id = $1")
+        .bind(child)
+        .execute(db.pool())
+        .await
+        .unwrap();
+}
+
+/// A child whose parent was collected commits its `done`: the commit does not wait for a
+/// parent that no longer exists (it deferred the outcome until it failed the row).
+#[tokio::test]
+async fn a_child_whose_parent_was_collected_commits_its_end() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let child = gd
+        .insert::<Leaf>(Count {
+            n: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    orphan(&db, child).await;
+    let engine = engine(&db, 4).await;
+    assert_eq!(finished(db.pool(), child, 20).await, "done");
+    assert_eq!(
+        column(db.pool(), child, "result").await.as_deref(),
+        Some("40")
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
+/// The reapers and the release end a child whose parent was collected: a row's lease that
+/// ran out at its limit fails (it stayed `executing` for ever), a batch's row at its limit
+/// fails, and a cancelled row given back fails as cancelled.
+#[tokio::test]
+async fn the_reapers_and_the_release_end_a_child_whose_parent_was_collected() {
+    let db = TestDb::new().await;
+    let gd = Client::new(db.pool().clone());
+    let exec = |sql: &'static str, id: i64| {
+        let pool = db.pool().clone();
+        async move { sqlx::query(sql).bind(id).execute(&pool).await.unwrap() }
+    };
+
+    // A row claimed by itself (a K = 1 key), its lease run out at its last reap.
+    let keyed = gd
+        .insert_all::<Leaf>([Entry::new(Count::default()).partition_key("k")])
+        .await
+        .unwrap()[0];
+    orphan(&db, keyed).await;
+    exec(
+        "UPDATE gd_instances SET status = 'executing', locked_by = 'gone-node', lease_epoch = 1,
+                lease_expires_at = now() - interval '1 hour', reaps = max_reaps - 1
+          WHERE id = $1",
+        keyed,
+    )
+    .await;
+    sqlx::query("SELECT * FROM gd_reap(10, NULL)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(status(db.pool(), keyed).await, "failed");
+
+    // A plain row in an expired batch of the log, at its last reap.
+    let plain = gd.insert::<Leaf>(Count::default()).await.unwrap();
+    orphan(&db, plain).await;
+    exec(
+        "UPDATE gd_instances SET reaps = max_reaps - 1 WHERE id = $1",
+        plain,
+    )
+    .await;
+    sqlx::query("SELECT * FROM gd_advance('fan', ARRAY['Leaf'], 10, 'gone-node', 1, NULL)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE gd_batches SET expires_at = now() - interval '1 hour'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query("SELECT * FROM gd_reap_batches(10, NULL, 1)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    assert_eq!(status(db.pool(), plain).await, "failed");
+
+    // A cancelled plain row its node gives back.
+    let cancelled = gd.insert::<Leaf>(Count::default()).await.unwrap();
+    orphan(&db, cancelled).await;
+    sqlx::query("SELECT * FROM gd_advance('fan', ARRAY['Leaf'], 10, 'gone-node', 60000, NULL)")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    exec(
+        "UPDATE gd_instances SET cancel_requested = true WHERE id = $1",
+        cancelled,
+    )
+    .await;
+    sqlx::query(
+        "SELECT * FROM gd_release(ARRAY[$1::int8],
+                                  ARRAY[(SELECT ready_seq FROM gd_instances WHERE id = $1)],
+                                  'gone-node', NULL)",
+    )
+    .bind(cancelled)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(status(db.pool(), cancelled).await, "failed");
+    assert_eq!(
+        column(db.pool(), cancelled, "last_error").await.as_deref(),
+        Some("cancelled")
+    );
+    db.close().await;
+}

@@ -111,6 +111,105 @@ async fn sigkill_mid_step_recovers_within_ttl_plus_reaper_and_commits_once() {
     db.close().await;
 }
 
+/// A worker killed in the middle of a batch of the ready log, some of its rows done and
+/// others still running: the batch expires, the reaper gives back only the rows still at
+/// their entry, and no step of any row runs twice.
+#[tokio::test]
+async fn sigkill_mid_batch_gives_back_only_the_rows_still_running() {
+    let (db, gd, url) = setup().await;
+    let plan = |step_ms| {
+        gen_durable::Entry::<Audited>::new(Plan {
+            step_ms,
+            ..Default::default()
+        })
+    };
+    // Inserted before the worker starts: its first claim takes all ten in one range.
+    let ids = gd
+        .insert_all::<Audited>((0..10).map(|k| plan(if k % 2 == 0 { 0 } else { 60_000 })))
+        .await
+        .unwrap();
+    let fast: Vec<i64> = ids.iter().step_by(2).copied().collect();
+    let slow: Vec<i64> = ids.iter().skip(1).step_by(2).copied().collect();
+    // Room for all ten at once: its first claim asks for them all.
+    let wide: Vec<&str> = FAST
+        .iter()
+        .copied()
+        .chain(["--concurrency", "16"])
+        .collect();
+    let a = Worker::start(&url, "batch-a", &wide, None).await;
+    let listed = |v: &[i64]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (fast_list, slow_list) = (listed(&fast), listed(&slow));
+    eventually(20, "the fast rows done, the slow ones running on a", || async {
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_instances WHERE id IN ({fast_list}) AND status = 'done'"),
+        )
+        .await
+            == 5
+            && count(
+                db.pool(),
+                &format!(
+                    "SELECT count(*) FROM gd_instances i WHERE id IN ({slow_list})
+                       AND gd_holder(i) = 'batch-a'"
+                ),
+            )
+            .await
+                == 5
+    })
+    .await;
+    // The slow rows are held by one batch, the range of all ten rows' first entries.
+    let spans = count(
+        db.pool(),
+        &format!(
+            "SELECT count(*) FROM (SELECT DISTINCT b.lane, b.batch, b.hi - b.lo AS span
+               FROM gd_instances i
+               JOIN gd_lanes l ON l.queue = i.queue AND l.fsm = i.fsm AND l.priority = i.priority
+               JOIN gd_batches b ON b.lane = l.lane AND b.lo <= i.ready_seq AND b.hi > i.ready_seq
+              WHERE i.id IN ({slow_list})) x WHERE x.span >= 10"
+        ),
+    )
+    .await;
+    assert_eq!(
+        spans, 1,
+        "the slow rows are not all in one batch of the ten rows"
+    );
+    let b = Worker::start(&url, "batch-b", FAST, None).await;
+    sqlx::query(r#"UPDATE gd_instances SET state = '{"step_ms": 0}' WHERE id = ANY ($1)"#)
+        .bind(&slow)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    a.kill().await;
+    for &id in &ids {
+        assert_eq!(finished(db.pool(), id, 20).await, "done");
+    }
+    exactly_once(&db, &ids).await;
+    // The fast rows ran only on a; the slow rows' every step ran on b, once.
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_audit WHERE instance IN ({fast_list}) AND node = 'batch-a'")
+        )
+        .await,
+        15
+    );
+    assert_eq!(
+        count(
+            db.pool(),
+            &format!("SELECT count(*) FROM gd_audit WHERE instance IN ({slow_list}) AND node = 'batch-b'")
+        )
+        .await,
+        15
+    );
+    b.kill().await;
+    db.close().await;
+}
+
 #[tokio::test]
 async fn an_ambiguous_commit_changes_nothing_twice() {
     let (db, gd, url) = setup().await;

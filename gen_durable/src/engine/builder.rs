@@ -239,7 +239,12 @@ impl EngineBuilder {
         self
     }
 
-    /// Validates the configuration and starts every service.
+    /// Validates the configuration, checks the database's schema and starts every service.
+    ///
+    /// A database with no schema, or one that lacks a migration this version needs, is
+    /// refused with [`Error::SchemaBehind`](crate::Error::SchemaBehind) (run
+    /// [`migrate_schema`](crate::migrate_schema) first); one migrated by a later version,
+    /// with [`Error::SchemaAhead`](crate::Error::SchemaAhead). Either way nothing is written.
     pub async fn start(self) -> Result<Engine> {
         self.validate()?;
         let EngineBuilder {
@@ -254,6 +259,8 @@ impl EngineBuilder {
             rate_limits,
         } = self;
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
+        // Before the engine writes anything: a schema it cannot run on.
+        crate::ops::schema::check(db.exec()).await?;
         // Checked before the engine writes anything: a schedule that would never fire.
         let scheduler = if schedules.is_empty() {
             None

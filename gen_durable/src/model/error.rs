@@ -203,6 +203,35 @@ pub enum Error {
     /// Running the migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The engine was started on a database whose schema lacks migrations this version
+    /// needs (or has none): it wrote nothing.
+    #[error("{}", schema_behind(.applied, .missing))]
+    SchemaBehind {
+        /// The newest schema migration applied, if any is.
+        applied: Option<i64>,
+        /// The migrations this version embeds that are not applied.
+        missing: Vec<i64>,
+    },
+    /// The engine was started on a database migrated by a later version of gen_durable
+    /// (applied migrations this version does not know): it wrote nothing.
+    #[error("the database's gen_durable schema has migrations this version does not know ({unknown:?}; it knows up to {known}): it was migrated by a later gen_durable (or another migrator shares `_sqlx_migrations`). Run that version or a later one on every node")]
+    SchemaAhead {
+        /// The applied migrations newer than this version's newest.
+        unknown: Vec<i64>,
+        /// This version's newest migration.
+        known: i64,
+    },
+}
+
+fn schema_behind(applied: &Option<i64>, missing: &[i64]) -> String {
+    const RUN: &str =
+        "run `gen_durable migrate-schema` (or call `gen_durable::migrate_schema(&pool)`) first";
+    match applied {
+        None => format!("the database has no gen_durable schema: {RUN}"),
+        Some(v) => format!(
+            "the database's gen_durable schema is at migration {v}, and this version needs migrations {missing:?} too: {RUN}"
+        ),
+    }
 }
 
 impl Error {

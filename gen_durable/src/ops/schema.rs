@@ -1,8 +1,9 @@
 //! Embedded schema migrations.
 
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 
-use crate::model::error::Result;
+use crate::model::error::{Error, Result};
+use crate::store::pg::admin::applied_migrations;
 
 /// The migrations in `gen_durable/migrations/`, embedded at compile time.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -18,4 +19,31 @@ pub async fn migrate_schema(pool: &PgPool) -> Result<()> {
 /// [`migrate_schema`] has run).
 pub fn embedded() -> usize {
     MIGRATOR.iter().count()
+}
+
+/// Refuses a database whose schema is not the one this build runs on: one that lacks a
+/// migration it embeds (or has no schema at all), or one with migrations newer than its
+/// newest (migrated by a later version). Reads only.
+pub(crate) async fn check<'e, E>(db: E) -> Result<()>
+where
+    E: PgExecutor<'e> + Copy,
+{
+    let applied = applied_migrations(db).await?.unwrap_or_default();
+    let known = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let missing: Vec<i64> = MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| applied.binary_search(v).is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::SchemaBehind {
+            applied: applied.last().copied(),
+            missing,
+        });
+    }
+    let unknown: Vec<i64> = applied.into_iter().filter(|&v| v > known).collect();
+    if !unknown.is_empty() {
+        return Err(Error::SchemaAhead { unknown, known });
+    }
+    Ok(())
 }

@@ -143,3 +143,25 @@ pub async fn forget<'e>(db: impl PgExecutor<'e>, node_id: &str) -> Result<()> {
     sqlx::query(FORGET).bind(node_id).execute(db).await?;
     Ok(())
 }
+
+/// The schema migrations applied to the database (`_sqlx_migrations`, successful ones),
+/// or `None` when it has no such table: what the engine checks at start.
+pub(crate) async fn applied_migrations<'e, E>(db: E) -> Result<Option<Vec<i64>>>
+where
+    E: PgExecutor<'e> + Copy,
+{
+    let exists: bool =
+        sqlx::query_scalar("/* gd:setup */ SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(db)
+            .await?;
+    if !exists {
+        return Ok(None);
+    }
+    Ok(Some(
+        sqlx::query_scalar(
+            "/* gd:setup */ SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(db)
+        .await?,
+    ))
+}
