@@ -8,6 +8,21 @@
 -- node would claim no plain row: its claim functions are replaced here), then start the
 -- new ones. A row executing on an earlier node when it stopped is reaped as before and
 -- then gets its entry. The runnable plain rows get their entries here, in pick order.
+-- The migration refuses to run while a node was seen in the last minute (`gd_nodes`, the
+-- window the dashboard calls live): every node announced then is of an earlier version.
+
+DO $refuse$
+DECLARE
+    live text;
+BEGIN
+    SELECT string_agg(node_id, ', ' ORDER BY node_id) INTO live FROM gd_nodes
+     WHERE last_seen_at > now() - interval '60 seconds';
+    IF live IS NOT NULL THEN
+        RAISE EXCEPTION 'gen_durable schema migration 32 (the ready log) needs every node of the earlier version stopped first; live in the last minute: %', live
+            USING HINT = 'Stop those nodes (a node stopped gracefully leaves gd_nodes at once; one that crashed stops counting a minute after it was last seen), then migrate again.';
+    END IF;
+END
+$refuse$;
 
 ALTER TABLE gd_instances ADD COLUMN ready_seq bigint;
 

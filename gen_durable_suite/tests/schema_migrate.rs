@@ -115,3 +115,105 @@ async fn the_engine_refuses_a_schema_it_cannot_run_on() {
     engine.shutdown(std::time::Duration::from_secs(5)).await;
     db.close().await;
 }
+
+/// The migrations up to (not including) `version`, as an earlier release embedded them.
+async fn migrate_before(pool: &sqlx::PgPool, version: i64) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../gen_durable/migrations");
+    let mut m = sqlx::migrate::Migrator::new(std::path::Path::new(dir))
+        .await
+        .unwrap();
+    m.migrations = m
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    m.run(pool).await.unwrap();
+}
+
+/// Migration 32 (the ready log) on a database in use: it refuses to run while a node of
+/// the earlier version is live; once the nodes are stopped it runs, and the rows in flight
+/// (runnable plain rows, a row with a K = 1 key, a row an earlier node was running when it
+/// stopped) each run every step once on a new node.
+#[tokio::test]
+async fn migration_32_refuses_live_nodes_then_moves_rows_in_flight() {
+    use gen_durable_suite::fsms::{create_audit_table, Audited};
+    let db = TestDb::new().await;
+    let pool = db.pool().clone();
+    sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+        .execute(&pool)
+        .await
+        .unwrap();
+    migrate_before(&pool, 32).await;
+    create_audit_table(&pool).await.unwrap();
+    // Rows as the earlier version left them: three runnable plain rows, one with a key,
+    // one executing on a node that has since stopped (its lease ran out).
+    sqlx::raw_sql(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'Audited', 1, 'one', '{}', 'audited', CASE WHEN g = 4 THEN 'k' END
+           FROM generate_series(1, 4) g;
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at)
+         VALUES ('Audited', 1, 'two', '{\"trail\": [\"one\"]}', 'audited', 'executing',
+                 'old-node', 7, now() - interval '1 minute');
+         INSERT INTO gd_audit (instance, step, node)
+         SELECT id, 'one', 'old-node' FROM gd_instances WHERE status = 'executing';
+         INSERT INTO gd_nodes (node_id, queues, fsms) VALUES ('old-node', '{audited}', '{Audited@1}');",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let err = gen_durable::migrate_schema(&pool)
+        .await
+        .expect_err("refused while a node is live");
+    assert!(err.to_string().contains("old-node"), "{err}");
+    let applied: i64 = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(applied, 31, "the refused migration was recorded");
+
+    // The earlier node stops (a graceful stop deletes its row), then the migration runs.
+    sqlx::query("DELETE FROM gd_nodes")
+        .execute(&pool)
+        .await
+        .unwrap();
+    gen_durable::migrate_schema(&pool).await.unwrap();
+    let engine = gen_durable::Engine::builder(pool.clone())
+        .register::<Audited>()
+        .queue("audited", 8)
+        .start()
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM gd_instances WHERE status <> 'done'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} rows not done");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
+    // Every step of every row ran once: three steps for each of the five.
+    let wrong: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT instance, step FROM gd_audit
+                                GROUP BY 1, 2 HAVING count(*) <> 1) x",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(wrong, 0, "a step ran other than once");
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 15);
+    db.close().await;
+}
