@@ -161,7 +161,7 @@ impl Backlog {
         };
         let ok = scalar_i64(&b.quiet, sql).await?;
         let all = scalar_i64(&b.quiet, "SELECT count(*) FROM gd_instances").await?;
-        if ok != n as i64 || all != n as i64 {
+        if crate::schema_experiment().is_none() && (ok != n as i64 || all != n as i64) {
             return Err(format!(
                 "expected {n} rows done with the expected state; {ok} of {all} are"
             )

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The drain with a plain row's `done` written three ways, interleaved with graphile-worker:
+#   bash gen_durable_bench/results/2026-12-07-done-write/run.sh [N] [ROUNDS]
+# from the repository's root, after `cargo build --release -p gen_durable_bench`.
+set -euo pipefail
+N=${1:-100000}; R=${2:-5}
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DIR=$(mktemp -d); OUT=$DIR/runs.jsonl
+python3 "$HERE/variants.py" "$DIR"
+export GD_PEER_DIR=${GD_PEER_DIR:-/tmp/gd-peer-graphile}
+bash gen_durable_bench/peers/graphile.sh --install-only >/dev/null
+per_s() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["per_s"])'; }
+for r in $(seq 1 "$R"); do
+  for v in base finished deleted; do
+    l=$(GD_SCHEMA_EXPERIMENT=$DIR/$v.sql ./target/release/gen_durable_bench --scenario drain \
+          --no-ceiling --n "$N" 2>/dev/null | grep '"scenario":"drain"' | tail -1)
+    echo "{\"round\":$r,\"v\":\"$v\",\"per_s\":$(echo "$l" | per_s)}" >> "$OUT"
+  done
+  l=$(bash gen_durable_bench/peers/graphile.sh --n "$N" 2>/dev/null | grep graphile_drain | tail -1)
+  echo "{\"round\":$r,\"v\":\"graphile\",\"per_s\":$(echo "$l" | per_s)}" >> "$OUT"
+done
+python3 - "$OUT" <<'PY'
+import json, sys, statistics as st
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault(r["v"], []).append(r["per_s"])
+g = st.median(by["graphile"])
+for v, xs in by.items():
+    print(f"{v:9} median {round(st.median(xs)):6} spread {round(min(xs))}-{round(max(xs))}  / graphile {st.median(xs) / g:.2f}")
+for r in sorted({x["round"] for x in rows}):
+    d = {x["v"]: x["per_s"] for x in rows if x["round"] == r}
+    print("round", r, " ".join(f"{v}/graphile {d[v] / d['graphile']:.2f}" for v in ("base", "finished", "deleted")))
+PY
