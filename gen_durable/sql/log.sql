@@ -191,10 +191,15 @@ $$;
 -- First, it appends the queue's due rows (`gd_due`) for the FSMs it claims: it holds
 -- their lanes' locks exclusive then, so it appends as the lanes' only appender. A delay
 -- is over when a claim of its queue comes, at the latest the engine's next poll.
+--
+-- Its statements keep one plan each (`force_generic_plan`): with no due rows, the lanes'
+-- statement was planned again at every call (0.33 ms, 4% of a drain's server time).
 CREATE FUNCTION gd_advance(p_queue text, p_names text[], p_demand int8, p_node text,
                            p_lease_ms int8, p_now timestamptz)
 RETURNS TABLE (lane integer, batch bigint, lo bigint, hi bigint, keyed boolean)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     t      timestamptz := coalesce(p_now, statement_timestamp());

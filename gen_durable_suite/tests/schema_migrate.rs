@@ -57,7 +57,7 @@ async fn the_engine_refuses_a_schema_it_cannot_run_on() {
         .execute(empty.pool())
         .await
         .unwrap();
-    let err = start(empty.pool().clone()).await.err().expect("refused");
+    let err = start(empty.pool().clone()).await.expect_err("refused");
     assert!(
         matches!(err, gen_durable::Error::SchemaBehind { applied: None, .. }),
         "{err:?}"
@@ -77,7 +77,7 @@ async fn the_engine_refuses_a_schema_it_cannot_run_on() {
         .execute(behind.pool())
         .await
         .unwrap();
-    let err = start(behind.pool().clone()).await.err().expect("refused");
+    let err = start(behind.pool().clone()).await.expect_err("refused");
     match &err {
         gen_durable::Error::SchemaBehind { applied, missing } => {
             assert_eq!(*applied, Some(newest - 1));
@@ -97,7 +97,7 @@ async fn the_engine_refuses_a_schema_it_cannot_run_on() {
     .execute(ahead.pool())
     .await
     .unwrap();
-    let err = start(ahead.pool().clone()).await.err().expect("refused");
+    let err = start(ahead.pool().clone()).await.expect_err("refused");
     assert!(
         matches!(&err, gen_durable::Error::SchemaAhead { unknown, .. } if unknown.len() == 1),
         "{err:?}"
@@ -175,12 +175,20 @@ async fn migration_32_refuses_live_nodes_then_moves_rows_in_flight() {
         .unwrap();
     assert_eq!(applied, 31, "the refused migration was recorded");
 
-    // The earlier node stops (a graceful stop deletes its row), then the migration runs.
+    // The earlier node stops (a graceful stop deletes its row), then the migration runs,
+    // on the same pool: the refused attempt left no migration lock behind on it (sqlx keeps
+    // its lock when a migration fails; this waited for it for ever).
     sqlx::query("DELETE FROM gd_nodes")
         .execute(&pool)
         .await
         .unwrap();
-    gen_durable::migrate_schema(&pool).await.unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        gen_durable::migrate_schema(&pool),
+    )
+    .await
+    .expect("the second attempt waited for the first one's lock")
+    .unwrap();
     let engine = gen_durable::Engine::builder(pool.clone())
         .register::<Audited>()
         .queue("audited", 8)

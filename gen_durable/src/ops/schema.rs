@@ -1,6 +1,6 @@
 //! Embedded schema migrations.
 
-use sqlx::{PgExecutor, PgPool};
+use sqlx::{Connection, PgExecutor, PgPool};
 
 use crate::model::error::{Error, Result};
 use crate::store::pg::admin::applied_migrations;
@@ -10,8 +10,17 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Brings the schema up to date. Idempotent; safe when several processes run it at
 /// once (sqlx serializes them with an advisory lock held for the migration only).
+///
+/// A migration that fails (say migration 32, refusing to run while a node of the earlier
+/// version is live) leaves the database as it was, and the pool fit for the next attempt.
 pub async fn migrate_schema(pool: &PgPool) -> Result<()> {
-    MIGRATOR.run(pool).await?;
+    let mut conn = pool.acquire().await?;
+    if let Err(e) = MIGRATOR.run(&mut *conn).await {
+        // sqlx keeps its advisory lock when a migration fails: this session must not go
+        // back to the pool, or the next migration waits for its lock for ever.
+        let _ = conn.detach().close().await;
+        return Err(e.into());
+    }
     Ok(())
 }
 
