@@ -416,6 +416,139 @@ async fn a_run_ahead_next_writes_what_the_general_apply_writes() {
     db.close().await;
 }
 
+/// A batch of plain rows' `done` takes the lean commit (`gd_commit_done`), which writes
+/// what the general commit writes: rows 1-3 by the lean one, rows 4-6 (the same rows) by
+/// the general one, each with a signal in its inbox (deleted with it). The lean commit is
+/// all or nothing: with a cancelled row (7) or a row someone holds (9) in the batch, it
+/// writes nothing and the general commit takes the batch, which stops 7 "cancelled",
+/// commits 8 and 10, and defers 9.
+#[tokio::test]
+async fn a_batch_of_plain_dones_takes_the_lean_commit_which_writes_what_the_general_one_writes() {
+    let db = gen_durable_testkit::TestDb::new().await;
+    let p = db.pool();
+    sqlx::raw_sql(
+        "INSERT INTO gd_lanes (queue, fsm, priority) VALUES ('q', 'F', 0);
+         INSERT INTO gd_batches (lane, batch, lo, hi, node, expires_at)
+         VALUES (1, 1, 1, 100, 'n1', now() + interval '1 minute');
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, priority, status,
+                                   ready_seq, last_error, cancel_requested)
+         SELECT 'F', 1, 'a', '{\"n\": 0}', 'q', 0, 'runnable', 10 + s, 'boom', s = 7
+           FROM generate_series(1, 10) s;
+         INSERT INTO gd_signals (target_id, name, payload)
+         SELECT s, 'x', '{}' FROM generate_series(1, 6) s;",
+    )
+    .execute(p)
+    .await
+    .unwrap();
+    // The arguments both take (the general one also takes the kinds, after the epochs).
+    let args = |ids: &str, epochs: &str, general: bool| {
+        let n = ids.split(',').count();
+        let kinds = if general {
+            format!("array_fill('done'::text, '{{{n}}}'), ")
+        } else {
+            String::new()
+        };
+        format!(
+            "'n1', '{{{ids}}}'::int8[], '{{{epochs}}}'::int8[], {kinds}
+             array_fill(NULL::text, '{{{n}}}'), array_fill('{{\"n\": 1}}'::jsonb, '{{{n}}}'),
+             array_fill('{{\"ok\": true}}'::jsonb, '{{{n}}}'), array_fill(NULL::text, '{{{n}}}')"
+        )
+    };
+    let general_tail = |n: usize| {
+        format!(
+            ", array_fill(NULL::int8, '{{{n}}}'), array_fill(NULL::text, '{{{n}}}'),
+             array_fill(0, '{{{n}}}'), array_fill(false, '{{{n}}}'), '{{}}', '{{}}', '{{}}', now(),
+             NULL, NULL, NULL, NULL, NULL, NULL"
+        )
+    };
+    let lean: Option<Vec<i64>> = sqlx::query_scalar(&format!(
+        "SELECT gd_commit_done({}, now())",
+        args("1,2,3", "11,12,13", false)
+    ))
+    .fetch_one(p)
+    .await
+    .unwrap();
+    assert_eq!(lean, Some(vec![1, 2, 3]));
+    let general: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT committed FROM gd_commit_general({}{})",
+        args("4,5,6", "14,15,16", true),
+        general_tail(3)
+    ))
+    .fetch_one(p)
+    .await
+    .unwrap();
+    assert_eq!(general, vec![4, 5, 6]);
+    let rows: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT to_jsonb(i) - 'id' - 'updated_at' - 'finished_at' - 'created_at'
+           FROM gd_instances i WHERE id <= 6 ORDER BY id",
+    )
+    .fetch_all(p)
+    .await
+    .unwrap();
+    for n in 0..3 {
+        assert_eq!(rows[n], rows[n + 3], "the lean commit and the general one");
+    }
+    assert_eq!(
+        (
+            &rows[0]["status"],
+            &rows[0]["result"],
+            &rows[0]["ready_seq"]
+        ),
+        (
+            &serde_json::json!("done"),
+            &serde_json::json!({ "ok": true }),
+            &serde_json::Value::Null
+        )
+    );
+    let inbox: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_signals")
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert_eq!(inbox, 0, "the inboxes of the ended rows are deleted");
+
+    // Rows 7-10: a cancelled row and a held one send the batch to the general commit.
+    let mut holder = p.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM gd_instances WHERE id = 9 FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let none: Option<Vec<i64>> = sqlx::query_scalar(&format!(
+        "SELECT gd_commit_done({}, now())",
+        args("8,9,10", "18,19,20", false)
+    ))
+    .fetch_one(p)
+    .await
+    .unwrap();
+    assert_eq!(none, None, "a held row: the lean commit writes nothing");
+    let done: (Vec<i64>, Vec<i64>) = sqlx::query_as(&format!(
+        "SELECT committed, deferred FROM gd_commit_outcomes({}{})",
+        args("7,8,9,10", "17,18,19,20", true),
+        general_tail(4)
+    ))
+    .fetch_one(p)
+    .await
+    .unwrap();
+    holder.rollback().await.unwrap();
+    assert_eq!(done, (vec![7, 8, 10], vec![9]));
+    let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, status::text, last_error FROM gd_instances WHERE id >= 7 ORDER BY id",
+    )
+    .fetch_all(p)
+    .await
+    .unwrap();
+    let s = |x: &str| Some(x.to_string());
+    assert_eq!(
+        rows,
+        vec![
+            (7, "failed".into(), s("cancelled")),
+            (8, "done".into(), None),
+            (9, "runnable".into(), s("boom")),
+            (10, "done".into(), None),
+        ]
+    );
+    db.close().await;
+}
+
 /// A step's output of `outcome` with `state`, no signal seen, no transition.
 fn output(outcome: Outcome, state: serde_json::Value) -> StepOutput {
     StepOutput {
