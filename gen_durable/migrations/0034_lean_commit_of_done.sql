@@ -3,7 +3,8 @@
 -- classes, parents, appends, wake-ups). The general commit is renamed
 -- `gd_commit_general`; `gd_commit_outcomes`, which the engine and every earlier node call
 -- with the same arguments, takes the lean path when it can and the general one otherwise.
--- Measured: the drain 1.18-1.20x as fast (gen_durable_bench/results/2026-12-07-lean-commit).
+-- Measured, 20 interleaved rounds: the drain 1.18x as fast at 20,000 instances, 1.05x at
+-- 100,000 (gen_durable_bench/results/2026-12-07-lean-commit).
 
 ALTER FUNCTION gd_commit_outcomes(text, int8[], int8[], text[], text[], jsonb[], jsonb[], text[],
     int8[], text[], int4[], bool[], int8[], int8[], text[], timestamptz, bool[], text[], text[],

@@ -58,9 +58,10 @@ $$;
 --   0. lock the batch's rows and, for outcomes that end a child, its parent (read as the
 --      rows are locked), without waiting: an outcome whose row or parent someone else holds
 --      is `deferred` (nothing of it is written; the engine commits it again a moment later);
---   1. apply each fenced outcome and consume the signals a progressing step received. A row
---      whose `(locked_by, lease_epoch)` moved on is not touched: it is missing from
---      `committed`. A row cancelled while its step ran commits as `stop` "cancelled";
+--   1. apply each fenced outcome, consume the signals a progressing step received, and
+--      write each outcome's history entry (history.sql). A row whose `(locked_by,
+--      lease_epoch)` moved on is not touched: it is missing from `committed`, and has no
+--      entry. A row cancelled while its step ran commits as `stop` "cancelled";
 --   2. decrement the parents of the rows that ended and delete the whole inbox of every
 --      finished row (`gd_rows_ended`);
 --   3. wake a parked `await` whose signal is in.
@@ -87,6 +88,12 @@ $$;
 --                  above the burst is negated by `gd_rate_weight` and fails the row's check,
 --                  an undeclared gate or limit fails its reference trigger: the committer
 --                  then isolates that outcome and stops the instance with the refusal.
+--
+-- The history, one element per outcome (both NULL when no outcome of the batch is
+-- recorded): p_history the FSM's level (NULL: off, 1: steps, 2: full, with the state the
+-- step began with), p_ran_us the step's duration as its worker measured it. The entry's
+-- `attempt` counts from 1; its kind is the outcome's (`replay` is `retry`,
+-- `schedule_childs` is `children`, `stop` is `failed`), or `cancelled`.
 --
 -- Plans: the rows are read by primary key only (`id = ANY`), never through the partial
 -- index of children by parent, which the planner read whole where the statistics said no
@@ -120,6 +127,8 @@ CREATE OR REPLACE FUNCTION gd_commit_general(
     p_rate_limits  text[],
     p_rate_keys    text[],
     p_rate_weights float8[],
+    p_history      int2[],
+    p_ran_us       int8[],
     OUT committed int8[],
     OUT continued int8[],
     OUT at        timestamptz,
@@ -381,7 +390,33 @@ BEGIN
     ), consumed AS (
         DELETE FROM gd_signals s USING upd u
          WHERE s.id = ANY (p_consumed) AND s.target_id = u.id
-        RETURNING 1
+        RETURNING s.target_id, s.id
+    ), was AS MATERIALIZED (
+        SELECT i.id, i.step, i.attempt, i.cancel_requested,
+               CASE WHEN p_history[width_bucket(i.id, p_ids)] = 2 THEN i.state END AS state
+          FROM gd_instances i
+         WHERE p_history IS NOT NULL AND i.id = ANY (p_ids)
+    ), told AS (
+        INSERT INTO gd_history (instance_id, at, kind, step, attempt, started_at, next_step,
+                                node, error, signals, children, state)
+        SELECT u.id, t, e.kind, w.step, w.attempt + 1,
+               t - p_ran_us[x.n] * interval '1 microsecond',
+               CASE WHEN e.kind IN ('next', 'await', 'children') THEN p_steps[x.n] END,
+               p_node,
+               CASE WHEN e.kind = 'cancelled' THEN 'cancelled' ELSE p_errors[x.n] END,
+               (SELECT array_agg(c.id ORDER BY c.id) FROM consumed c WHERE c.target_id = u.id),
+               CASE WHEN e.kind = 'children' THEN p_children[x.n] END,
+               w.state
+          FROM upd u
+          JOIN was w ON w.id = u.id
+         CROSS JOIN LATERAL (SELECT width_bucket(u.id, p_ids) AS n) x
+         CROSS JOIN LATERAL (
+               SELECT CASE WHEN w.cancel_requested THEN 'cancelled'
+                           ELSE CASE p_kinds[x.n] WHEN 'replay' THEN 'retry'
+                                                  WHEN 'schedule_childs' THEN 'children'
+                                                  WHEN 'stop' THEN 'failed'
+                                                  ELSE p_kinds[x.n] END END AS kind) e
+         WHERE p_history[x.n] IS NOT NULL
     )
     SELECT coalesce(array_agg(u.id ORDER BY u.id), '{}'),
            coalesce(array_agg(u.id) FILTER (WHERE u.status = 'executing' OR u.ahead), '{}'),
@@ -439,7 +474,9 @@ CREATE FUNCTION gd_commit_done(
     p_states  jsonb[],
     p_results jsonb[],
     p_errors  text[],
-    p_now     timestamptz
+    p_now     timestamptz,
+    p_history int2[],
+    p_ran_us  int8[]
 ) RETURNS int8[] LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     ended int8[];
@@ -449,7 +486,9 @@ BEGIN
           FROM gd_batches b JOIN gd_lanes l ON l.lane = b.lane
          WHERE b.node = p_node
     ), mine AS MATERIALIZED (
-        SELECT i.id FROM gd_instances i
+        SELECT i.id, i.step, i.attempt,
+               CASE WHEN p_history[width_bucket(i.id, p_ids)] = 2 THEN i.state END AS state
+          FROM gd_instances i
          WHERE i.id = ANY (p_ids)
            AND i.locked_by IS NULL AND i.status = 'runnable'
            AND i.ready_seq = p_epochs[width_bucket(i.id, p_ids)]
@@ -470,6 +509,15 @@ BEGIN
          WHERE i.id IN (SELECT id FROM mine)
            AND (SELECT count(*) FROM mine) = cardinality(p_ids)
         RETURNING i.id
+    ), told AS (
+        INSERT INTO gd_history (instance_id, at, kind, step, attempt, started_at, node, error,
+                                state)
+        SELECT s.id, p_now, 'done', m.step, m.attempt + 1,
+               p_now - p_ran_us[x.n] * interval '1 microsecond', p_node, p_errors[x.n], m.state
+          FROM shut s
+          JOIN mine m ON m.id = s.id
+         CROSS JOIN LATERAL (SELECT width_bucket(s.id, p_ids) AS n) x
+         WHERE p_history[x.n] IS NOT NULL
     )
     SELECT array_agg(id ORDER BY id) INTO ended FROM shut;
     IF cardinality(ended) IS DISTINCT FROM cardinality(p_ids) THEN
@@ -504,6 +552,8 @@ CREATE FUNCTION gd_commit_outcomes(
     p_rate_limits  text[],
     p_rate_keys    text[],
     p_rate_weights float8[],
+    p_history      int2[] DEFAULT NULL,
+    p_ran_us       int8[] DEFAULT NULL,
     OUT committed int8[],
     OUT continued int8[],
     OUT at        timestamptz,
@@ -513,7 +563,7 @@ BEGIN
     at := coalesce(p_now, statement_timestamp());
     IF 'done' = ALL (p_kinds) AND coalesce(cardinality(p_consumed), 0) = 0 THEN
         committed := gd_commit_done(p_node, p_ids, p_epochs, p_steps, p_states, p_results,
-                                    p_errors, at);
+                                    p_errors, at, p_history, p_ran_us);
         IF committed IS NOT NULL THEN
             continued := '{}';
             deferred := '{}';
@@ -524,7 +574,7 @@ BEGIN
       FROM gd_commit_general(p_node, p_ids, p_epochs, p_kinds, p_steps, p_states, p_results,
                              p_errors, p_delays, p_awaits, p_children, p_run_ahead, p_consumed,
                              p_seen, p_notify, at, p_keyed, p_keys, p_gates, p_rate_limits,
-                             p_rate_keys, p_rate_weights) f;
+                             p_rate_keys, p_rate_weights, p_history, p_ran_us) f;
 END
 $$;
 

@@ -218,7 +218,9 @@ CREATE FUNCTION gd_commit_handoff(
     p_gated_queues text[],
     p_gated_gates  text[],
     p_gated_keys   text[],
-    p_gated_slots  int2[])
+    p_gated_slots  int2[],
+    p_history      int2[] DEFAULT NULL,
+    p_ran_us       int8[] DEFAULT NULL)
 RETURNS TABLE (committed int8[], continued int8[], at timestamptz, deferred int8[],
     id bigint, fsm text, fsm_version integer, step text, state jsonb, attempt integer,
     awaits text[], lease_epoch bigint, partition_key text, gate text, inbox json, children json,
@@ -233,7 +235,8 @@ BEGIN
       FROM gd_commit_outcomes(p_node, p_ids, p_epochs, p_kinds, p_steps, p_states, p_results,
                               p_errors, p_delays, p_awaits, p_children, p_run_ahead,
                               p_consumed, p_seen, p_notify, p_now, p_keyed, p_keys, p_gates,
-                              p_rate_limits, p_rate_keys, p_rate_weights) o;
+                              p_rate_limits, p_rate_keys, p_rate_weights, p_history,
+                              p_ran_us) o;
     committed := a.committed;
     continued := a.continued;
     at := a.at;

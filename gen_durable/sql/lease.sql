@@ -81,6 +81,8 @@ BEGIN
                                                     WHERE p.id = i.parent_id));
     WITH counted AS (
         SELECT c.id, c.id <> ALL (spared) AS counts FROM unnest(cand) AS c(id)
+    ), was AS (
+        SELECT i.id, i.locked_by FROM gd_instances i WHERE i.id = ANY (cand)
     ), reaped AS (
         UPDATE gd_instances i
            SET status = (CASE WHEN i.cancel_requested OR (c.counts AND i.reaps + 1 >= i.max_reaps)
@@ -105,7 +107,11 @@ BEGIN
            AND i.status = 'executing'
            AND (i.parent_id IS NULL OR i.parent_id = ANY (parents)
                 OR NOT (i.cancel_requested OR (c.counts AND i.reaps + 1 >= i.max_reaps)))
-        RETURNING i.id, i.status, i.parent_id, i.queue
+        RETURNING i.id, i.status, i.parent_id, i.queue, i.step, i.attempt, i.last_error
+    ), told AS (
+        INSERT INTO gd_history (instance_id, at, kind, step, attempt, node, error)
+        SELECT r.id, t, 'lease_lost', r.step, r.attempt, w.locked_by, r.last_error
+          FROM reaped r JOIN was w ON w.id = r.id
     )
     SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}'),
            array_agg(r.id) FILTER (WHERE r.status = 'failed'),
@@ -167,7 +173,12 @@ BEGIN
                locked_by = NULL, lease_expires_at = NULL, updated_at = t, ready_seq = NULL
          WHERE i.id = ANY (mine)
            AND (i.parent_id IS NULL OR i.parent_id = ANY (parents) OR NOT i.cancel_requested)
-        RETURNING i.id, i.status, i.parent_id, i.queue
+        RETURNING i.id, i.status, i.parent_id, i.queue, i.step, i.attempt, i.last_error
+    ), told AS (
+        INSERT INTO gd_history (instance_id, at, kind, step, attempt, node, error)
+        SELECT r.id, t, 'released', r.step, r.attempt + 1, p_node,
+               CASE WHEN r.status = 'failed' THEN r.last_error END
+          FROM released r
     )
     SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}'),
            array_agg(r.id) FILTER (WHERE r.status = 'failed'),

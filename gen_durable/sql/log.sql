@@ -417,6 +417,7 @@ BEGIN
                                                         WHERE p.id = i.parent_id));
         CONTINUE WHEN cardinality(parents) < (SELECT count(DISTINCT i.parent_id) FROM gd_instances i
                                               WHERE i.id = ANY (fail));
+        WITH reaped AS (
         UPDATE gd_instances i
            SET status = (CASE WHEN i.id = ANY (fail) THEN 'failed' ELSE 'runnable' END)::gd_status,
                last_error = CASE
@@ -433,7 +434,11 @@ BEGIN
                ready_seq = NULL,
                eligible_at = t,
                updated_at = t
-         WHERE i.id = ANY (got);
+         WHERE i.id = ANY (got)
+        RETURNING i.id, i.step, i.attempt, i.last_error
+        )
+        INSERT INTO gd_history (instance_id, at, kind, step, attempt, node, error)
+        SELECT r.id, t, 'lease_lost', r.step, r.attempt, g.node, r.last_error FROM reaped r;
         DELETE FROM gd_batches b WHERE b.lane = g.lane AND b.batch = g.batch;
         back := back || ARRAY(SELECT x FROM unnest(got) x WHERE x <> ALL (fail));
         fails := fails || fail;

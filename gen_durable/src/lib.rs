@@ -87,6 +87,7 @@ pub mod backend;
 /// A time zone for [`Schedule::with_timezone`] (`chrono_tz::Tz`): `Tz::Europe__Paris`, or
 /// `"Europe/Paris".parse::<Tz>()`.
 pub use chrono_tz::Tz;
+pub use client::reads::HISTORY_PAGE_MAX;
 pub use client::sharded::{ShardedClient, ShardedId, ShardedInsert, SHARD_ACQUIRE_TIMEOUT};
 pub use client::wait::{Awaiting, Settled, Wait, DEFAULT_WAIT, DEFAULT_WAIT_TICK};
 pub use client::{
@@ -102,6 +103,7 @@ pub use model::explain::{
     EXPLAIN_LIST_LIMIT,
 };
 pub use model::gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
+pub use model::history::{HistoryEntry, HistoryKind, HistoryLevel, HistoryPage};
 pub use model::inbox::{ChildInfo, Signal};
 pub use model::options::InsertOptions;
 pub use model::rate_limit::{BucketUse, RateLimit};

@@ -95,7 +95,9 @@ mod steps;
 ///
 /// Keys: `state = Type` (required), `name = "…"` (default: the enum's name),
 /// `version = N` (a positive integer literal, default 1), `queue = "…"` (default
-/// `"default"`), `max_reaps = N` (default 10). Mark the starting variant `#[initial]`;
+/// `"default"`), `max_reaps = N` (default 10), `run_ahead = true` (default false),
+/// `history = "full" | "steps" | "off"` (default `"steps"`: an entry per step, without
+/// its state; `"full"` keeps the state each step began with). Mark the starting variant `#[initial]`;
 /// a variant's stored name is its snake_case name unless `#[step(name = "…")]`.
 ///
 /// Generates `impl Fsm` (dispatching each variant to the same-named snake_case

@@ -211,6 +211,30 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // The history: the engine, as the worker, made its day partitions at start (through
+    // `gd_history_keep`, which runs as the schema's owner), and a collected instance's
+    // entries outlive it; the reader reads them with the CLI.
+    let parts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'gd_history'::regclass",
+    )
+    .fetch_one(&worker)
+    .await
+    .unwrap();
+    assert_eq!(
+        parts, 4,
+        "today, the next two days and the default partition"
+    );
+    let history = gd_url(&d.url("reader"), &["--json", "history", &a.to_string()])
+        .expect(0)
+        .json();
+    let kinds: Vec<&str> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, vec!["await", "done"], "{history}");
+
     // The CLI's reads as the reader.
     let status = gd_url(&d.url("reader"), &["--json", "status"])
         .expect(0)

@@ -14,7 +14,7 @@ use gen_durable_testkit::TestDb;
 use sqlx::PgPool;
 
 /// The files of `gen_durable/sql/`, in the order they load (as its README lists them).
-const FILES: [&str; 7] = [
+const FILES: [&str; 8] = [
     "schema.sql",
     "lease.sql",
     "commit.sql",
@@ -22,6 +22,7 @@ const FILES: [&str; 7] = [
     "handoff.sql",
     "rate_limit.sql",
     "log.sql",
+    "history.sql",
 ];
 
 /// The catalog queries: each returns (key, definition) rows of one kind of object in

@@ -39,6 +39,7 @@ use tracing::{Event, Metadata, Subscriber};
 /// - `setup`: the engine's start; `begin`: the engine's `BEGIN` at READ COMMITTED (sqlx
 ///   does not log it); `admin`: the CLI's reads (status, inspect, schema state);
 /// - `explain`: `Client::explain`'s read of one instance and its evidence.
+/// - `history`: `Client::history`'s read of an instance's entries.
 /// - `dashboard`: the web dashboard's own reads (`gen_durable_ops`).
 pub const MARKED_KINDS: &[&str] = &[
     "advance",
@@ -66,6 +67,7 @@ pub const MARKED_KINDS: &[&str] = &[
     "schedule",
     "migrate",
     "explain",
+    "history",
     "dashboard",
     "pause",
 ];

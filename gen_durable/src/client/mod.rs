@@ -45,7 +45,7 @@ macro_rules! into_future_on_pool {
 mod control;
 pub(crate) mod group_insert;
 mod insert;
-mod reads;
+pub(crate) mod reads;
 pub(crate) mod sharded;
 mod signal;
 pub(crate) mod wait;

@@ -1,11 +1,12 @@
 //! Reading an instance: [`Client::wait`] until it settles, [`Client::explain`] why it is
-//! where it is.
+//! where it is, [`Client::history`] how it got there.
 
 use super::Client;
 use crate::client::wait::Wait;
 use crate::model::answers::not_found;
-use crate::model::error::Result;
+use crate::model::error::{Error, Result};
 use crate::model::explain::{ExplainFacts, Explanation};
+use crate::model::history::HistoryPage;
 use crate::model::target::Target;
 use crate::store::pg;
 
@@ -68,4 +69,45 @@ impl Client {
             .map(ExplainFacts::explain)
             .ok_or_else(|| not_found(&target))
     }
+
+    /// The history of instance `id`, oldest first: an entry per step its FSM's history
+    /// level records (`#[durable_fsm(history = …)]`: the step, its attempt, when it began
+    /// and was committed, on which node, its outcome, error, consumed signals, spawned
+    /// children, the step it led to, and at level `full` the state it began with), and
+    /// one per lost lease and release. Each entry was written in the transaction that
+    /// committed what it records: the history is exactly what committed.
+    ///
+    /// A page holds up to `limit` entries (1 to [`HISTORY_PAGE_MAX`]) after entry `after`
+    /// (`None`: from the first); [`HistoryPage::next`] is the `after` of the next page.
+    /// Entries are kept for the engine's history retention, and outlive their instance.
+    /// [`Error::NotFound`] for an id with neither an instance nor an entry.
+    ///
+    /// ```no_run
+    /// # async fn f(gd: gen_durable::Client, id: i64) -> gen_durable::Result<()> {
+    /// let mut after = None;
+    /// loop {
+    ///     let page = gd.history(id, after, 100).await?;
+    ///     for e in &page.entries {
+    ///         println!("{} {} attempt {}: {}", e.at, e.step, e.attempt, e.kind);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => after = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn history(&self, id: i64, after: Option<i64>, limit: usize) -> Result<HistoryPage> {
+        if limit == 0 || limit > HISTORY_PAGE_MAX {
+            return Err(Error::InvalidInput {
+                what: "history page size",
+                reason: format!("{limit} entries; a page holds 1 to {HISTORY_PAGE_MAX}"),
+            });
+        }
+        let db = self.pooler.pool(&self.pool);
+        pg::history::page(db, id, after.unwrap_or(0), limit).await
+    }
 }
+
+/// The most entries one page of [`Client::history`] holds.
+pub const HISTORY_PAGE_MAX: usize = 1000;

@@ -126,6 +126,13 @@ impl EngineBuilder {
         self
     }
 
+    /// How long the history's entries are kept (default 7 days): they are dropped a
+    /// day at a time, once their whole day is older (`Client::history`).
+    pub fn with_history_retention(mut self, keep: Duration) -> Self {
+        self.cfg.collector.history_retention = keep;
+        self
+    }
+
     /// How often the collector runs (default 60 s) and how many rows one of its
     /// statements deletes at most (default 1,000).
     pub fn with_collector_schedule(mut self, every: Duration, batch: usize) -> Self {
@@ -261,6 +268,9 @@ impl EngineBuilder {
         let db = Db::new(pool.clone(), clock, cfg.pooler).await?;
         // Before the engine writes anything: a schema it cannot run on.
         crate::ops::schema::check(db.exec()).await?;
+        // The history's partitions for today and the next days, before any step commits.
+        crate::store::pg::history::keep(db.exec(), db.now(), cfg.collector.history_retention)
+            .await?;
         // Checked before the engine writes anything: a schedule that would never fire.
         let scheduler = if schedules.is_empty() {
             None

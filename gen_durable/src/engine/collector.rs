@@ -2,7 +2,7 @@
 //! batches (`SKIP LOCKED`, so several nodes collecting at once only share the work),
 //! never a child whose parent is still live; and rate-limit buckets that are full again
 //! (`rate_limit::sweep`), after recounting what buckets hold for reserved rows
-//! (`rate_limit::recount`).
+//! (`rate_limit::recount`); and the history's day partitions (`history::keep`).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
-use crate::store::pg::{admin, log, millis, rate_limit};
+use crate::store::pg::{admin, history, log, millis, rate_limit};
 use crate::telemetry::{Event, Telemetry};
 
 /// The collector's settings.
@@ -20,6 +20,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) enabled: bool,
     /// How long finished rows are kept, from their last update.
     pub(crate) retention: Duration,
+    /// How long history entries are kept.
+    pub(crate) history_retention: Duration,
     /// How often it runs.
     pub(crate) interval: Duration,
     /// Rows one statement deletes at most; a pass goes on while batches come back full.
@@ -67,6 +69,8 @@ impl Service for Collector {
         let batch = self.cfg.batch as i64;
         let mut collected = Collected::default();
         let now = self.db.now();
+        let keep = self.cfg.history_retention;
+        on_conn!(self.db, |c| history::keep(c, now, keep))?;
         on_conn!(self.db, |c| rate_limit::recount(c, batch))?;
         collected.buckets = on_conn!(self.db, |c| rate_limit::sweep(c, batch, now))? as usize;
         // The log's dead entries, a pass's worth (more at once when it is behind).

@@ -145,6 +145,7 @@ impl Default for EngineConfig {
             collector: CollectorConfig {
                 enabled: true,
                 retention: Duration::from_secs(7 * 24 * 3600),
+                history_retention: Duration::from_secs(7 * 24 * 3600),
                 interval: Duration::from_secs(60),
                 batch: crate::store::pg::admin::GC_BATCH as usize,
             },

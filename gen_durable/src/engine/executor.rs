@@ -145,7 +145,7 @@ async fn run_chain(
         let held = key.clone();
         match shared
             .committer
-            .commit(queue, id, epoch, output, run_ahead, held)
+            .commit(queue, id, epoch, output, run_ahead, held, entry.history)
             .await
         {
             Ok(reply) if reply.committed => {

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use crate::engine::shared::Shared;
+use crate::model::history::HistoryLevel;
 use crate::model::step::StepOutput;
 use crate::runtime::registry::FsmEntry;
 use crate::store::pg::{claim, migration};
@@ -87,7 +88,7 @@ pub(crate) async fn upgrade(
             };
             match shared
                 .committer
-                .commit(queue, id, epoch, output, false, None)
+                .commit(queue, id, epoch, output, false, None, HistoryLevel::Steps)
                 .await
             {
                 Ok(reply) if reply.committed => Upgraded::Stop(delay),

@@ -8,6 +8,7 @@ pub(crate) mod clock;
 pub(crate) mod error;
 pub(crate) mod explain;
 pub(crate) mod gate;
+pub(crate) mod history;
 pub(crate) mod inbox;
 pub(crate) mod insert;
 pub(crate) mod options;

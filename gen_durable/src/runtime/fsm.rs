@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::model::gate::{ConcurrencyKey, LimitKey};
+use crate::model::history::HistoryLevel;
 use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
 use crate::model::state::DurableState;
@@ -44,6 +45,9 @@ pub trait Fsm: Copy + Send + Sync + fmt::Debug + 'static {
     /// handing the row back to be picked again. Default off; `#[durable_fsm(run_ahead =
     /// true)]` or [`Step::run_ahead`] per outcome turns it on.
     const RUN_AHEAD: bool = false;
+    /// How much of its history each instance keeps (`#[durable_fsm(history = "full")]`):
+    /// every step's entry (the default), with the state it began with, or none.
+    const HISTORY: HistoryLevel = HistoryLevel::Steps;
     /// Every stored step name, in declaration order.
     const STEPS: &'static [&'static str];
 

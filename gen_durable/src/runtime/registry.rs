@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::model::error::{Error, Result};
+use crate::model::history::HistoryLevel;
 use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
 use crate::model::rows::Migrated;
@@ -33,6 +34,8 @@ pub struct FsmEntry {
     pub steps: &'static [&'static str],
     /// Lost leases allowed per step before the instance fails.
     pub max_reaps: i32,
+    /// How much of its history each instance keeps.
+    pub history: HistoryLevel,
     initial: fn() -> &'static str,
     cast: fn(&Value) -> std::result::Result<(), CastError>,
     step_rate: fn(&str, &Value) -> Option<StepRate>,
@@ -78,6 +81,7 @@ impl FsmEntry {
             queue: F::QUEUE,
             steps: F::STEPS,
             max_reaps: F::MAX_REAPS,
+            history: F::HISTORY,
             initial: initial_of::<F>,
             cast: cast_of::<F>,
             step_rate: step_rate_of::<F>,

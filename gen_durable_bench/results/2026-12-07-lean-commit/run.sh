@@ -6,7 +6,7 @@
 set -euo pipefail
 N=${1:-100000}; R=${2:-5}; shift 2 || true
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VARIANTS=("$@"); [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(base lean_a)
+VARIANTS=("$@"); [ ${#VARIANTS[@]} -gt 0 ] || VARIANTS=(general lean)
 OUT=$(mktemp -d)/runs.jsonl
 export GD_PEER_DIR=${GD_PEER_DIR:-/tmp/gd-peer-graphile}
 bash gen_durable_bench/peers/graphile.sh --install-only >/dev/null
@@ -30,7 +30,16 @@ for r in rows:
 g = st.median(by["graphile"])
 for v, xs in by.items():
     print(f"{v:9} median {round(st.median(xs)):6} spread {round(min(xs))}-{round(max(xs))}  / graphile {st.median(xs) / g:.2f}")
-for r in sorted({x["round"] for x in rows}):
-    d = {x["v"]: x["per_s"] for x in rows if x["round"] == r}
+rounds = {}
+for x in rows:
+    rounds.setdefault(x["round"], {})[x["v"]] = x["per_s"]
+for r, d in sorted(rounds.items()):
     print("round", r, " ".join(f"{v}/graphile {d[v] / d['graphile']:.2f}" for v in vs))
+def per_round(a, b):
+    xs = [d[a] / d[b] for d in rounds.values()]
+    return f"{st.median(xs):.2f} (spread {min(xs):.2f}-{max(xs):.2f})"
+for v in vs:
+    print(f"{v}/graphile per round: median {per_round(v, 'graphile')}")
+for v in vs[1:]:
+    print(f"{v}/{vs[0]} per round: median {per_round(v, vs[0])}")
 PY

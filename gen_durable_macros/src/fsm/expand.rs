@@ -43,6 +43,11 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
             const RUN_AHEAD: bool = true;
         )
     });
+    let history = model.history.as_ref().map(|level| {
+        quote!(
+            const HISTORY: ::gen_durable::HistoryLevel = ::gen_durable::HistoryLevel::#level;
+        )
+    });
     let stored: Vec<&String> = model.steps.iter().map(|s| &s.stored).collect();
     let variants: Vec<_> = model.steps.iter().map(|s| &s.variant).collect();
     let initial = &model.steps[model.initial].variant;
@@ -70,6 +75,7 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
             const QUEUE: &'static str = #queue;
             #max_reaps
             #run_ahead
+            #history
             const STEPS: &'static [&'static str] = &[#(#stored),*];
 
             fn initial() -> Self {

@@ -18,6 +18,8 @@ pub(super) struct FsmModel {
     pub(super) queue: String,
     pub(super) max_reaps: Option<i32>,
     pub(super) run_ahead: bool,
+    /// `history = "full" | "steps" | "off"`: the variant of `HistoryLevel`, if declared.
+    pub(super) history: Option<Ident>,
     pub(super) steps: Vec<StepModel>,
     pub(super) initial: usize,
 }
@@ -36,7 +38,11 @@ const KEYS: &[(&str, &str)] = &[
     ("queue", "queue = \"checkout\""),
     ("max_reaps", "max_reaps = 10"),
     ("run_ahead", "run_ahead = true"),
+    ("history", "history = \"full\""),
 ];
+
+/// The values `history` takes, with the `HistoryLevel` variant each names.
+const HISTORY_LEVELS: [(&str, &str); 3] = [("full", "Full"), ("steps", "Steps"), ("off", "Off")];
 
 /// `None` when no impl can be generated at all (generics, a variant with fields, no
 /// variants); the reasons are in `errors`.
@@ -49,6 +55,7 @@ pub(super) fn validate(input: &FsmInput, errors: &mut Errors) -> Option<FsmModel
         queue: "default".to_string(),
         max_reaps: None,
         run_ahead: false,
+        history: None,
         steps: Vec::new(),
         initial: 0,
     };
@@ -89,6 +96,19 @@ pub(super) fn validate(input: &FsmInput, errors: &mut Errors) -> Option<FsmModel
                 },
                 "run_ahead" => match bool_value(key, value, example) {
                     Ok(b) => model.run_ahead = b,
+                    Err(e) => errors.push(e),
+                },
+                "history" => match string_value(key, value, example) {
+                    Ok(s) => match HISTORY_LEVELS.iter().find(|(v, _)| *v == s.value()) {
+                        Some((_, variant)) => model.history = Some(Ident::new(variant, s.span())),
+                        None => errors.spanned(
+                            &s,
+                            format!(
+                                "`history` is \"full\" (every step with its state), \"steps\" (every step, no state) or \"off\", not {:?}",
+                                s.value()
+                            ),
+                        ),
+                    },
                     Err(e) => errors.push(e),
                 },
                 _ => unreachable!("for_each_arg only passes known keys"),

@@ -52,6 +52,13 @@ pub(crate) enum Command {
         #[arg(long)]
         key: Option<String>,
     },
+    /// An instance's history, oldest first: each step's outcome, attempt, node, duration
+    /// and error, and the leases its workers lost (`--json` for every field, the state a
+    /// step began with included where its FSM keeps it).
+    History {
+        /// The instance id.
+        id: i64,
+    },
     /// Deliver a signal to an instance (it wakes if it awaits that name):
     /// `signal ID NAME JSON`, or `signal --key KEY NAME JSON` for the instance holding
     /// a correlation key.

@@ -12,6 +12,7 @@ mod connect;
 mod dashboard;
 mod error;
 mod explain;
+mod history;
 mod inspect;
 mod migrate_instances;
 mod operator;
@@ -131,6 +132,7 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Status => status::run(&pool).await,
         Command::Inspect { id, key } => inspect::run(&pool, target(id, key)).await,
         Command::Explain { id, key } => explain::run(&pool, target(id, key)).await,
+        Command::History { id } => history::run(&pool, id).await,
         Command::Signal { dedup_key, .. } => {
             let (target, name, payload) = signal.expect("checked above");
             actions::signal(&pool, target, &name, &payload, dedup_key.as_deref()).await

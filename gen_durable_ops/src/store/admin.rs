@@ -37,7 +37,7 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
             WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates'
             WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc
-                              WHERE proname = 'gd_commit_outcomes' AND pronargs = 22)
+                              WHERE proname = 'gd_commit_outcomes' AND pronargs >= 22)
                 THEN 'function gd_commit_outcomes (with transitions)'
             WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
                               WHERE attrelid = to_regclass('gd_instances')
@@ -51,10 +51,11 @@ SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
                 THEN 'function gd_commit_handoff'
             WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'function gd_lease_epoch'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc
-                              WHERE proname = 'gd_commit_handoff' AND pronargs = 30)
+                              WHERE proname = 'gd_commit_handoff' AND pronargs >= 30)
                 THEN 'function gd_commit_handoff (with slots)'
             WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_reap' AND pronargs = 4)
-                THEN 'function gd_reap (with the lease TTL)' END AS missing,
+                THEN 'function gd_reap (with the lease TTL)'
+            WHEN to_regclass('gd_history') IS NULL THEN 'gd_history' END AS missing,
        to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
 "#;
 

@@ -94,6 +94,7 @@ impl Committer {
                 output: &r.output,
                 run_ahead: r.run_ahead,
                 keep_state: r.keep_state,
+                history: r.history,
             })
             .collect();
         let gated: Vec<Freed> = reqs
@@ -130,6 +131,7 @@ impl Committer {
                     output: &output,
                     run_ahead: false,
                     keep_state: true,
+                    history: r.history,
                 }];
                 match self.commit_batch(held, &stop, notify, &[]).await {
                     Ok((done, _)) if done.deferred.contains(&r.id) => vec![Verdict::Deferred],

@@ -42,6 +42,7 @@ use crate::engine::handoff::Handoffs;
 use crate::engine::service::ServiceHandle;
 use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
+use crate::model::history::HistoryLevel;
 use crate::model::step::{OutcomeKind, StepOutput};
 use crate::store::notify::Notifier;
 use crate::store::pg::outcome::Committed;
@@ -101,6 +102,8 @@ pub(crate) struct CommitRequest {
     /// The key its claim holds, if any: when its outcome ends the claim, a gate's slot
     /// is handed to the key's next row, or else the queue is woken for it.
     pub(crate) key: Option<HeldKey>,
+    /// How much of the step its FSM's history records.
+    pub(crate) history: HistoryLevel,
     pub(crate) reply: oneshot::Sender<Result<CommitReply>>,
 }
 
@@ -154,6 +157,7 @@ impl CommitterHandle {
     /// `ctx.transaction()` (its writes and the outcome commit together or not at all). An
     /// outcome the database refuses in the step's transaction takes the step's writes with
     /// it, and the instance stops through the committer, naming the refusal.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn commit(
         &self,
         queue: &Arc<str>,
@@ -162,12 +166,22 @@ impl CommitterHandle {
         mut output: StepOutput,
         run_ahead: bool,
         key: Option<HeldKey>,
+        history: HistoryLevel,
     ) -> Result<CommitReply> {
         let mut keep_state = false;
         if let Some(tx) = output.tx.take() {
             match self
                 .committer
-                .commit_own(queue, id, epoch, &output, run_ahead, key.as_ref(), tx)
+                .commit_own(
+                    queue,
+                    id,
+                    epoch,
+                    &output,
+                    run_ahead,
+                    key.as_ref(),
+                    history,
+                    tx,
+                )
                 .await
             {
                 Err(e) if isolable(&e) => {
@@ -189,6 +203,7 @@ impl CommitterHandle {
             keep_state,
             deferrals: 0,
             key,
+            history,
             reply,
         };
         if self.tx.send(req).await.is_err() {

@@ -8,6 +8,7 @@ use sqlx::Connection;
 use super::batching::{defer_delay, MAX_DEFERRALS};
 use super::{ended, may_run_again, CommitReply, Committer, HeldKey};
 use crate::model::error::{Error, Result};
+use crate::model::history::HistoryLevel;
 use crate::model::step::StepOutput;
 use crate::store::pg::handoff;
 use crate::store::pg::outcome::{self, Commit};
@@ -29,6 +30,7 @@ impl Committer {
         output: &StepOutput,
         run_ahead: bool,
         key: Option<&HeldKey>,
+        history: HistoryLevel,
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
     ) -> Result<CommitReply> {
         fail::fail_point!("gd::before_commit", |_| Err(super::injected(
@@ -40,6 +42,7 @@ impl Committer {
             output,
             run_ahead,
             keep_state: false,
+            history,
         }];
         let notify = if may_run_again(output) {
             self.notifier.claim([&**queue])

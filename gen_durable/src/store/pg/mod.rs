@@ -21,7 +21,7 @@
 //! kinds), and it names the statement in `pg_stat_activity` and the server's log. The
 //! kinds: `advance` (a claim's ranges of the log), `claim`, `handoff`, `fence`, `apply`, `insert`, `signal`, `notify`, `heartbeat`, `reap`,
 //! `release`, `await_timeouts`, `announce`, `collect`, `cancel`, `retry`, `admin`,
-//! `schedule`, `migrate`, `explain`, `pause` here (`dashboard` in `gen_durable_ops`);
+//! `schedule`, `migrate`, `explain`, `history`, `pause` here (`dashboard` in `gen_durable_ops`);
 //! `setup` and `begin` in the engine (`engine::shared`). A new statement takes one of
 //! them (or a new kind added to that list) at the very start of its text.
 
@@ -34,6 +34,7 @@ pub(crate) mod counts;
 pub(crate) mod explain;
 pub(crate) mod gate;
 pub(crate) mod handoff;
+pub(crate) mod history;
 pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod log;

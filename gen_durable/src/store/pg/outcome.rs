@@ -13,6 +13,7 @@ use sqlx::query::Query;
 use sqlx::{FromRow, PgConnection, Postgres, Row};
 
 use crate::model::error::Result;
+use crate::model::history::HistoryLevel;
 use crate::model::insert::NewInstance;
 use crate::model::step::{Outcome, StepOutput};
 use crate::store::pg::claim::Claimed;
@@ -82,7 +83,7 @@ SELECT i.id, l.id IS NOT NULL AS locked, coalesce(l.cancel_requested, false) AS 
 const APPLY: &str = r#"/* gd:apply */
 SELECT committed, continued, at, deferred
   FROM gd_commit_outcomes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                          $17, $18, $19, $20, $21, $22)
+                          $17, $18, $19, $20, $21, $22, $23, $24)
 "#;
 
 /// The apply and the hand-off of the slots it frees, in one statement: see
@@ -92,7 +93,7 @@ const COMMIT_HANDOFF: &str = r#"/* gd:apply */
 SELECT *
   FROM gd_commit_handoff($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
                          $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29,
-                         $30)
+                         $30, $31, $32)
 "#;
 
 /// The outcome children are inserted for: none if the instance was cancelled while the
@@ -115,6 +116,8 @@ pub(crate) struct Commit<'a> {
     /// Keep the stored state instead of the output's (an outcome the database refused,
     /// committed as `stop` in its place).
     pub(crate) keep_state: bool,
+    /// How much of the step its FSM's history records.
+    pub(crate) history: HistoryLevel,
 }
 
 /// What a commit did.
@@ -173,7 +176,7 @@ pub(crate) async fn commit(
         });
     }
     let a = Arrays::of(&sorted, &spawned.per_parent);
-    let row = bind_apply(sqlx::query(APPLY), node, &a, notify, now)
+    let row = bind_history(bind_apply(sqlx::query(APPLY), node, &a, notify, now), &a)
         .fetch_one(conn.again())
         .await
         .map_err(gate_error)?;
@@ -208,7 +211,7 @@ pub(crate) async fn commit_and_hand_off(
         .bind(p.names)
         .bind(p.versions)
         .bind(p.lease_ttl_ms);
-    let rows = handoff::bind_freed(query, gated)
+    let rows = bind_history(handoff::bind_freed(query, gated), &a)
         .fetch_all(conn.again())
         .await
         .map_err(gate_error)?;
@@ -252,6 +255,16 @@ fn bind_apply<'q>(
         .bind(moves.map(|m| &m.rate_limit))
         .bind(moves.map(|m| &m.rate_key))
         .bind(moves.map(|m| &m.rate_weight))
+}
+
+/// Binds the history's arguments, after the others (`$23`, `$24` of [`APPLY`]; `$31`,
+/// `$32` of [`COMMIT_HANDOFF`]).
+fn bind_history<'q>(
+    q: Query<'q, Postgres, PgArguments>,
+    a: &'q Arrays<'q>,
+) -> Query<'q, Postgres, PgArguments> {
+    let history = a.history.as_ref();
+    q.bind(history.map(|h| &h.0)).bind(history.map(|h| &h.1))
 }
 
 impl Committed {

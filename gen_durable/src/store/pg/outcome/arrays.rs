@@ -29,6 +29,9 @@ pub(super) struct Arrays<'x> {
     pub(super) run_ahead: Vec<bool>,
     pub(super) consumed: Vec<i64>,
     pub(super) seen: Vec<i64>,
+    /// Each outcome's history level (`HistoryLevel::code`) and its step's duration in
+    /// microseconds; `None` when no outcome of the batch is recorded.
+    pub(super) history: Option<(Vec<Option<i16>>, Vec<i64>)>,
     /// The transitions' keys and limits; `None` when no outcome of the batch has any
     /// (the function then keeps every key and clears every transition's limit).
     pub(super) moves: Option<Moves>,
@@ -84,6 +87,10 @@ impl<'x> Arrays<'x> {
             run_ahead: Vec::with_capacity(n),
             consumed: Vec::new(),
             seen: Vec::new(),
+            history: sorted
+                .iter()
+                .any(|c| c.history.code().is_some())
+                .then(|| (Vec::with_capacity(n), Vec::with_capacity(n))),
             moves: Moves::of(sorted),
         };
         for c in sorted {
@@ -91,6 +98,10 @@ impl<'x> Arrays<'x> {
             let outcome = &out.outcome;
             a.id.push(c.id);
             a.epoch.push(c.epoch);
+            if let Some((levels, ran)) = &mut a.history {
+                levels.push(c.history.code());
+                ran.push(i64::try_from(out.duration.as_micros()).unwrap_or(i64::MAX));
+            }
             a.kind.push(sql_kind(outcome.kind()));
             a.state.push((!c.keep_state).then_some(&out.state));
             a.error.push(match outcome {

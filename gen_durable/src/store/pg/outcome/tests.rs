@@ -13,6 +13,7 @@ fn a_stale_outcome_never_shares_a_call_with_the_newer_claims() {
         output: &out,
         run_ahead: false,
         keep_state: false,
+        history: HistoryLevel::Steps,
     };
     // Either order: the newest epoch of row 1 is kept, once.
     for batch in [[c(1, 1), c(2, 5), c(1, 2)], [c(1, 2), c(2, 5), c(1, 1)]] {
@@ -70,6 +71,7 @@ async fn a_commit_reads_only_its_batch_when_the_statistics_saw_no_children() {
                 output: &done,
                 run_ahead: false,
                 keep_state: false,
+                history: HistoryLevel::Steps,
             })
             .collect();
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
@@ -140,6 +142,7 @@ async fn a_stale_and_a_live_outcome_of_one_row_in_one_batch_commit_only_the_live
             output,
             run_ahead: false,
             keep_state: false,
+            history: HistoryLevel::Steps,
         };
         let batch = if stale_first {
             [c(1, &stale), c(2, &live)]
@@ -169,6 +172,16 @@ async fn a_stale_and_a_live_outcome_of_one_row_in_one_batch_commit_only_the_live
             .await
             .unwrap();
         assert_eq!(left, 1, "the signal only the stale run consumed stays");
+        let told: Vec<String> =
+            sqlx::query_scalar("SELECT kind FROM gd_history WHERE instance_id = 1")
+                .fetch_all(p)
+                .await
+                .unwrap();
+        assert_eq!(told, vec!["await"], "the stale outcome has no entry");
+        sqlx::query("DELETE FROM gd_history")
+            .execute(p)
+            .await
+            .unwrap();
     }
     db.close().await;
 }
@@ -227,6 +240,7 @@ async fn a_claim_the_server_forgot_never_gives_its_epoch_again() {
                 output,
                 run_ahead: false,
                 keep_state: false,
+                history: HistoryLevel::Steps,
             }];
             let mut conn = p.acquire().await.unwrap();
             commit(crate::Pooler::None.on(&mut *conn), "n1", &batch, &[], None)
@@ -293,6 +307,7 @@ async fn a_gated_commit_hands_on_the_slots_of_the_rows_it_ended_and_no_other() {
         output,
         run_ahead,
         keep_state: false,
+        history: HistoryLevel::Steps,
     };
     let batch = [
         c(1, 1, &done, false),
@@ -440,6 +455,8 @@ async fn a_batch_of_plain_dones_takes_the_lean_commit_which_writes_what_the_gene
     .execute(p)
     .await
     .unwrap();
+    let history =
+        |n: usize| format!(", array_fill(2::int2, '{{{n}}}'), array_fill(1000::int8, '{{{n}}}')");
     // The arguments both take (the general one also takes the kinds, after the epochs).
     let args = |ids: &str, epochs: &str, general: bool| {
         let n = ids.split(',').count();
@@ -454,16 +471,20 @@ async fn a_batch_of_plain_dones_takes_the_lean_commit_which_writes_what_the_gene
              array_fill('{{\"ok\": true}}'::jsonb, '{{{n}}}'), array_fill(NULL::text, '{{{n}}}')"
         )
     };
+    // The general one's other arguments; then both take the history's (level full, a
+    // step of 1 ms).
     let general_tail = |n: usize| {
         format!(
             ", array_fill(NULL::int8, '{{{n}}}'), array_fill(NULL::text, '{{{n}}}'),
              array_fill(0, '{{{n}}}'), array_fill(false, '{{{n}}}'), '{{}}', '{{}}', '{{}}', now(),
-             NULL, NULL, NULL, NULL, NULL, NULL"
+             NULL, NULL, NULL, NULL, NULL, NULL{}",
+            history(n)
         )
     };
     let lean: Option<Vec<i64>> = sqlx::query_scalar(&format!(
-        "SELECT gd_commit_done({}, now())",
-        args("1,2,3", "11,12,13", false)
+        "SELECT gd_commit_done({}, now(){})",
+        args("1,2,3", "11,12,13", false),
+        history(3)
     ))
     .fetch_one(p)
     .await
@@ -505,6 +526,28 @@ async fn a_batch_of_plain_dones_takes_the_lean_commit_which_writes_what_the_gene
         .await
         .unwrap();
     assert_eq!(inbox, 0, "the inboxes of the ended rows are deleted");
+    let told: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT to_jsonb(h) - 'entry' - 'instance_id' - 'at' - 'started_at'
+              || jsonb_build_object('ran', h.at - h.started_at)
+           FROM gd_history h ORDER BY instance_id",
+    )
+    .fetch_all(p)
+    .await
+    .unwrap();
+    assert_eq!(told.len(), 6, "{told:?}");
+    for n in 0..3 {
+        assert_eq!(told[n], told[n + 3], "the history of both");
+    }
+    assert_eq!(
+        (&told[0]["kind"], &told[0]["step"], &told[0]["attempt"]),
+        (
+            &serde_json::json!("done"),
+            &serde_json::json!("a"),
+            &serde_json::json!(1)
+        )
+    );
+    assert_eq!(told[0]["state"], serde_json::json!({ "n": 0 }));
+    assert_eq!(told[0]["ran"], serde_json::json!("00:00:00.001"));
 
     // Rows 7-10: a cancelled row and a held one send the batch to the general commit.
     let mut holder = p.begin().await.unwrap();
@@ -513,8 +556,9 @@ async fn a_batch_of_plain_dones_takes_the_lean_commit_which_writes_what_the_gene
         .await
         .unwrap();
     let none: Option<Vec<i64>> = sqlx::query_scalar(&format!(
-        "SELECT gd_commit_done({}, now())",
-        args("8,9,10", "18,19,20", false)
+        "SELECT gd_commit_done({}, now(){})",
+        args("8,9,10", "18,19,20", false),
+        history(3)
     ))
     .fetch_one(p)
     .await

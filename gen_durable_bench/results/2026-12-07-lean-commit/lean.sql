@@ -1,0 +1,1 @@
+-- The engine as built (migration 0034: the lean commit of plain rows' done).
