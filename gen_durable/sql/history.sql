@@ -1,22 +1,22 @@
 -- The history of every instance (docs/guide/history.md): one entry per outcome a step
 -- committed, written by the commit in its statement (so it is exactly what committed,
--- fenced like the outcome), and one per lost lease, release and operator action. Kept by
+-- fenced like the outcome), and one per lost lease and release. Kept by
 -- its own age, in one partition per day that the collector drops whole (`gd_history_keep`):
 -- no DELETE, no bloat, nothing written to the instance rows. Appended to, never updated.
 --   entry       the entry's id: orders an instance's entries, and names one (a fork's origin)
 --   at          when it was committed (the database's clock; the engine's manual clock in tests)
 --   kind        next, retry, await, children, done, failed, cancelled (an outcome);
---               lease_lost, released (the engine); cancel, retry_op, restart, migrate (an operator)
---   step        the step that ran (or the row's step, for an entry of the engine or an operator)
+--               lease_lost, released (the engine)
+--   step        the step that ran (for a lost lease or a release: the step that was to run)
 --   attempt     the step's attempt, from 1
 --   started_at  when the step began: `at` less the step's duration as its worker measured it
---   next_step   the step the outcome leads to (next, await, children; a restart's target)
+--   next_step   the step the outcome leads to (next, await, children)
 --   node        the node whose worker ran the step (or lost its lease)
 --   error       the step's error (a retry's, a stop's reason), a lost lease's account
 --   signals     the signals the step consumed
 --   children    how many children the step spawned
 --   state       the state the step began with (level `full` only)
---   actor       who did an operator's action
+--   actor       who did an operator's action (to come: operator actions are not recorded yet)
 CREATE SEQUENCE gd_history_entry;
 
 CREATE TABLE gd_history (

@@ -48,6 +48,29 @@ pub(crate) struct BenchState {
     /// Steps taken (five_step) or children to spawn (fan_out).
     #[durable(default)]
     pub(crate) n: i64,
+    /// Padding (`--state-bytes`).
+    #[durable(default)]
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub(crate) pad: String,
+}
+
+/// The padding of the states `--state-bytes` asks for.
+static PAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Sets the padding of every state made by [`BenchState::new`] from now on.
+pub(crate) fn pad_states(bytes: usize) {
+    let _ = PAD.set("x".repeat(bytes));
+}
+
+impl BenchState {
+    /// Instance `i`'s state, with `n` and the padding `--state-bytes` asked for.
+    pub(crate) fn new(i: i64, n: i64) -> Self {
+        BenchState {
+            i,
+            n,
+            pad: PAD.get().cloned().unwrap_or_default(),
+        }
+    }
 }
 
 /// One no-op step: done with its own `i`.
@@ -172,7 +195,7 @@ impl FanParent {
     async fn spawn(ctx: &mut Ctx<Self>) -> StepResult<Self> {
         started(ctx.id());
         let kids: Vec<Child> = (0..ctx.state.n)
-            .map(|i| Child::new::<Leaf>(BenchState { i, n: 0 }))
+            .map(|i| Child::new::<Leaf>(BenchState::new(i, 0)))
             .collect();
         Ok(Step::schedule_children(kids, FanParent::Sum))
     }

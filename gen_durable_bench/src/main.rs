@@ -79,6 +79,10 @@ pub(crate) struct Args {
     /// Override the instance count of drain / five_step / fan_out.
     #[arg(long)]
     pub(crate) n: Option<usize>,
+    /// Pad the state of every instance the scenarios insert with about this many bytes
+    /// (a string field), e.g. to measure the history's level `full`.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) state_bytes: usize,
     /// Run drain and five_step (the default scenarios then) with the engines in this many
     /// worker processes, each with the engine settings above; a list (`1,2,4`) runs each
     /// count in turn, `--runs` times over, interleaved.
@@ -280,6 +284,7 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
+    fsms::pad_states(args.state_bytes);
     if let Some(k) = args.worker {
         return scenarios::processes::worker(args, k).await;
     }

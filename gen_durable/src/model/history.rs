@@ -1,5 +1,5 @@
 //! An instance's history: what each of its steps did, and what happened to it besides
-//! (a lost lease, a release, an operator's action), as the database recorded it.
+//! (a lost lease, a release), as the database recorded it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,13 +9,13 @@ use serde_json::Value;
 
 /// How much of its history an FSM keeps, declared with `#[durable_fsm(history = "…")]`.
 ///
-/// Every level records lost leases, releases and operator actions: they are rare, and
-/// they are what an operator needs first when an instance misbehaves.
+/// Every level records lost leases and releases: they are rare, and they are what an
+/// operator needs first when an instance misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HistoryLevel {
-    /// An entry per step, with the state the step began with: what
-    /// [`Client::fork`](crate::Client) needs to start again from a past step.
+    /// An entry per step, with the state the step began with (what starting again from a
+    /// past step needs).
     Full,
     /// An entry per step, without its state (the default).
     #[default]

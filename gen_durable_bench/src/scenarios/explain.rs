@@ -34,7 +34,7 @@ pub(super) async fn capture_statements(b: &Bench) -> R<()> {
     let client = b.client(&pool);
     insert_chunks::<Five>(&client, 10, 0).await?;
     let w = client
-        .insert::<Waiter>(crate::fsms::BenchState { i: 0, n: 0 })
+        .insert::<Waiter>(crate::fsms::BenchState::new(0, 0))
         .await?;
     let tracker = Tracker::new(10);
     let engine = start_engine(&pool, &EngineCfg::from_args(b), &tracker).await?;

@@ -29,10 +29,7 @@ pub(super) async fn fan_out(b: &Bench) -> R<Report> {
     b.log.take();
     let t0 = Instant::now();
     let parent = client
-        .insert::<FanParent>(crate::fsms::BenchState {
-            i: 0,
-            n: children as i64,
-        })
+        .insert::<FanParent>(crate::fsms::BenchState::new(0, children as i64))
         .await?;
     let waited = tracker
         .wait_done(Duration::from_secs(if b.smoke() { 30 } else { 300 }))

@@ -85,10 +85,7 @@ async fn single_inserts(
             let mut lat = Vec::with_capacity(range.len() / callers + 1);
             for j in (range.start + c..range.end).step_by(callers) {
                 let s = Instant::now();
-                let state = crate::fsms::BenchState {
-                    i: if warm < 0 { warm } else { j as i64 },
-                    n: 0,
-                };
+                let state = crate::fsms::BenchState::new(if warm < 0 { warm } else { j as i64 }, 0);
                 let insert = client.insert::<Noop>(state);
                 if warm < 0 {
                     insert.queue("warm").await?;

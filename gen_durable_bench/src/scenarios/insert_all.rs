@@ -19,7 +19,7 @@ pub(super) async fn insert_all(b: &Bench) -> R<Report> {
     let client = b.client(&pool);
     client
         .insert_all::<Noop>(vec![
-            Entry::new(crate::fsms::BenchState { i: -1, n: 0 }).queue("warm")
+            Entry::new(crate::fsms::BenchState::new(-1, 0)).queue("warm")
         ])
         .await?;
     b.log.take();
@@ -28,12 +28,7 @@ pub(super) async fn insert_all(b: &Bench) -> R<Report> {
     let mut ids = Vec::new();
     for c in 0..calls {
         let entries: Vec<Entry<Noop>> = (0..per_call)
-            .map(|j| {
-                Entry::new(crate::fsms::BenchState {
-                    i: (c * per_call + j) as i64,
-                    n: 0,
-                })
-            })
+            .map(|j| Entry::new(crate::fsms::BenchState::new((c * per_call + j) as i64, 0)))
             .collect();
         let s = Instant::now();
         ids.extend(client.insert_all::<Noop>(entries).await?);

@@ -137,11 +137,7 @@ async fn insert_chunks_with<F: Fsm<State = crate::fsms::BenchState>>(
         let k = (n - i).min(20_000);
         let entries: Vec<Entry<F>> = (i..i + k)
             .map(|j| {
-                Entry::new(crate::fsms::BenchState {
-                    i: j as i64,
-                    n: n_field,
-                })
-                .options(opts.clone())
+                Entry::new(crate::fsms::BenchState::new(j as i64, n_field)).options(opts.clone())
             })
             .collect();
         client.insert_all::<F>(entries).await?;

@@ -28,7 +28,7 @@ pub(super) async fn signal_latency(b: &Bench) -> R<Report> {
     let engine = start_engine(&pool, &cfg, &tracker).await?;
     let client = b.client(&pool);
     let entries: Vec<Entry<Waiter>> = (0..samples)
-        .map(|i| Entry::new(crate::fsms::BenchState { i: i as i64, n: 0 }))
+        .map(|i| Entry::new(crate::fsms::BenchState::new(i as i64, 0)))
         .collect();
     let ids = client.insert_all::<Waiter>(entries).await?;
     let parked = async {

@@ -25,7 +25,7 @@ pub(super) async fn wait_latency(b: &Bench) -> R<Report> {
     let pool = b.pool(b.args.pool, false).await?;
     let client = b.client(&pool);
     let keyed = |i: usize| {
-        Entry::<Waiter>::new(BenchState { i: i as i64, n: 0 }).correlation_key(format!("w:{i}"))
+        Entry::<Waiter>::new(BenchState::new(i as i64, 0)).correlation_key(format!("w:{i}"))
     };
 
     // In-process: the engine's commit wakes the wait.

@@ -60,9 +60,7 @@ pub(super) async fn wake_latency(b: &Bench) -> R<Report> {
             gap ^= gap << 17;
             tokio::time::sleep(Duration::from_millis(gap % 300)).await;
             let t = Instant::now();
-            let id = client
-                .insert::<Noop>(BenchState { i: i as i64, n: 0 })
-                .await?;
+            let id = client.insert::<Noop>(BenchState::new(i as i64, 0)).await?;
             let (done, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
                 .await
                 .map_err(|_| format!("{name}: instance {id} did not run within 30 s"))?
