@@ -169,7 +169,7 @@ async fn schema_older_than_the_cli() {
         "DROP FUNCTION gd_commit_handoff(text, int8[], int8[], text[], text[], jsonb[],
              jsonb[], text[], int8[], text[], int4[], bool[], int8[], int8[], text[],
              timestamptz, bool[], text[], text[], text[], text[], float8[], text[], int4[],
-             int8, int8[], text[], text[], text[], int2[]) CASCADE",
+             int8, int8[], text[], text[], text[], int2[], int2[], int8[]) CASCADE",
     )
     .execute(db4.pool())
     .await
@@ -182,6 +182,16 @@ async fn schema_older_than_the_cli() {
         r.stderr
     );
     db4.close().await;
+
+    // Migrated before the history: its table is named.
+    let db5 = TestDb::new().await;
+    sqlx::query("DROP TABLE gd_history CASCADE")
+        .execute(db5.pool())
+        .await
+        .unwrap();
+    let r = gd_on(&db5, &["status"]).expect(NOT_MIGRATED);
+    assert!(r.stderr.contains("gd_history is missing"), "{}", r.stderr);
+    db5.close().await;
     db.close().await;
 }
 
