@@ -57,7 +57,9 @@ CREATE INDEX gd_history_instance ON gd_history (instance_id, entry);
 --
 -- Engines connect as a role without DDL (docs/roles.sql): this runs as the schema's owner
 -- (SECURITY DEFINER, its search path fixed), and takes from its caller only a time and an
--- interval. Creating a partition takes a lock that waits for no one (an attach, beside
+-- interval. Anyone may call a function, so it first checks that its caller may delete the
+-- history's entries (a role that may not, such as a read-only reader, may not drop them
+-- by the day either). Creating a partition takes a lock that waits for no one (an attach, beside
 -- the commits' inserts); dropping one needs the table to itself, so it gives up after
 -- `lock_timeout` and is tried again at the next pass. A day whose entries went to the
 -- default partition (the collector did not run ahead of it) gets no partition: its
@@ -73,6 +75,10 @@ DECLARE
     part  text;
     lo    timestamptz;
 BEGIN
+    IF NOT has_table_privilege(session_user, 'gd_history', 'DELETE') THEN
+        RAISE EXCEPTION 'permission denied: role % may not delete from gd_history', session_user
+              USING ERRCODE = 'insufficient_privilege';
+    END IF;
     created := 0;
     dropped := 0;
     -- One keeper at a time (several nodes collect).

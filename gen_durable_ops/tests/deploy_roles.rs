@@ -162,7 +162,10 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
     let gd = Client::new(worker.clone());
     let engine = Engine::builder(worker.clone())
         .queue("roles", 4)
-        .with_retention(Duration::ZERO)
+        // Long enough that the cancelled instance is still there to retry (with zero, the
+        // collector could take it between its failure and the retry), short enough that
+        // the collector's deletes are seen below.
+        .with_retention(Duration::from_secs(3))
         .with_collector_schedule(Duration::from_millis(100), 100)
         .start()
         .await
@@ -194,7 +197,7 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
             .timeout(Duration::from_secs(20))
             .await
             .unwrap();
-        // Done, or already collected (retention zero): by the worker's DELETE.
+        // Done, or already collected: by the worker's DELETE.
         assert!(matches!(end, Settled::Done(_) | Settled::Gone), "{end:?}");
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -234,6 +237,18 @@ async fn engine_client_and_cli_run_under_least_privilege_roles() {
         .map(|e| e["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, vec!["await", "done"], "{history}");
+    // The keeper runs as the schema's owner: a reader may not use it to drop the history.
+    let mut r = PgConnection::connect_with(&d.options("reader"))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused(
+            &mut r,
+            "SELECT gd_history_keep(now() + interval '30 days', interval '0')"
+        )
+        .await,
+        "42501"
+    );
 
     // The CLI's reads as the reader.
     let status = gd_url(&d.url("reader"), &["--json", "status"])
