@@ -371,10 +371,15 @@ async fn r4_3_a_pause_stops_a_run_ahead_instance_at_its_next_step() {
     assert!(gd.pause_queue("ahead-paused", None).await.unwrap());
     RELEASE.notify_one();
     let pool = db.pool();
-    common::eventually(10, "the row back in its queue at b", || async move {
-        column(pool, id, "step").await.as_deref() == Some("b")
-            && common::status(pool, id).await == "runnable"
-    })
+    common::eventually_or_show(
+        10,
+        "the row back in its queue at b",
+        || async move {
+            column(pool, id, "step").await.as_deref() == Some("b")
+                && common::status(pool, id).await == "runnable"
+        },
+        || common::show_instance(pool, id),
+    )
     .await;
     assert_eq!(column(pool, id, "locked_by").await, None);
     assert!(gd.resume_queue("ahead-paused").await.unwrap());

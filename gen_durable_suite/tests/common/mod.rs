@@ -154,6 +154,54 @@ where
     }
 }
 
+/// Like [`eventually`], but a timeout also prints what `describe` says of the world then
+/// (a row's columns, its history), so that a rare failure can be read from its log.
+pub async fn eventually_or_show<F, Fut, D, DFut>(secs: u64, what: &str, mut cond: F, describe: D)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+    D: FnOnce() -> DFut,
+    DFut: std::future::Future<Output = String>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond().await {
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out after {secs}s waiting for: {what}\nthen: {}",
+                describe().await
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// An instance's row and history as text, for a timeout's message.
+pub async fn show_instance(pool: &sqlx::PgPool, id: i64) -> String {
+    let row: Option<String> = sqlx::query_scalar(
+        "SELECT row_to_json(x)::text FROM (SELECT i.step, i.status, gd_status_of(i) AS seen,
+                i.locked_by, i.lease_epoch, i.ready_seq, i.attempt, i.last_error,
+                gd_holder(i) AS holder FROM gd_instances i WHERE id = $1) x",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten();
+    let history: Vec<String> = sqlx::query_scalar(
+        "SELECT row_to_json(h)::text FROM gd_history h WHERE instance_id = $1 ORDER BY entry",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    let batches: Vec<String> =
+        sqlx::query_scalar("SELECT row_to_json(b)::text FROM gd_batches b ORDER BY lane, batch")
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+    format!("row {row:?}; history {history:?}; batches {batches:?}")
+}
+
 /// The status of an instance.
 pub async fn status(pool: &sqlx::PgPool, id: i64) -> String {
     // As readers see it: a plain row whose step runs from the log is `executing`.
