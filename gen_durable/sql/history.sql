@@ -6,7 +6,8 @@
 --   entry       the entry's id: orders an instance's entries, and names one (a fork's origin)
 --   at          when it was committed (the database's clock; the engine's manual clock in tests)
 --   kind        next, retry, await, children, done, failed, cancelled (an outcome);
---               lease_lost, released (the engine)
+--               lease_lost, released, migrated (the engine); cancelled, cancel_requested,
+--               retried, restarted, migrated (an operator's action, with its actor)
 --   step        the step that ran (for a lost lease or a release: the step that was to run)
 --   attempt     the step's attempt, from 1
 --   started_at  when the step began: `at` less the step's duration as its worker measured it
@@ -16,7 +17,9 @@
 --   signals     the signals the step consumed
 --   children    how many children the step spawned
 --   state       the state the step began with (level `full` only)
---   actor       who did an operator's action (to come: operator actions are not recorded yet)
+--   actor       who did an operator's action: the name the client was given
+--               (`Client::with_actor`), else the database role it connected as
+--   detail      what an action did that the other columns do not say (a migration's versions)
 CREATE SEQUENCE gd_history_entry;
 
 CREATE TABLE gd_history (
@@ -33,7 +36,8 @@ CREATE TABLE gd_history (
     signals     int8[],
     children    integer,
     state       jsonb,
-    actor       text
+    actor       text,
+    detail      text
 ) PARTITION BY RANGE (at);
 
 -- Entries the day partitions do not cover (the collector did not run ahead of them). They

@@ -151,6 +151,20 @@ async fn cancel_fails_the_instance_and_its_live_children() {
     assert_eq!(status_of(p, parent).await.as_deref(), Some("failed"));
     assert_eq!(status_of(p, child).await.as_deref(), Some("failed"));
     assert_eq!(status_of(p, finished).await.as_deref(), Some("done"));
+    // The history records the cancel of both, as done by the user who ran the command.
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()));
+    let by = user.map_or("cli".to_string(), |u| format!("{} (cli)", u.trim()));
+    for id in [parent, child] {
+        let h = gd_on(&db, &["history", &id.to_string(), "--json"])
+            .expect(0)
+            .json();
+        assert_eq!(h[0]["kind"], "cancelled", "{h}");
+        assert_eq!(h[0]["actor"], by.as_str(), "{h}");
+    }
+    let h = gd_on(&db, &["history", &parent.to_string()]).expect(0);
+    assert!(h.stdout.contains(&by), "{}", h.stdout);
 
     let r = gd_on(&db, &["cancel", &parent.to_string()]).expect(CONFLICT);
     assert!(

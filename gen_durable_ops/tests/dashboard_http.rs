@@ -561,6 +561,22 @@ async fn an_operator_dashboard_needs_the_token_and_the_csrf_token() {
     .await;
     assert_eq!(retry.status, StatusCode::SEE_OTHER, "{}", retry.body);
     assert_eq!(status_of(db.pool(), s.failed).await.0, "runnable");
+    // The history says who acted, as the dashboard knows them: by how they proved it.
+    let actor = |id: i64| {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT actor FROM gd_history WHERE instance_id = $1 ORDER BY entry DESC LIMIT 1",
+        )
+        .bind(id)
+        .fetch_one(db.pool())
+    };
+    assert_eq!(
+        actor(s.parked).await.unwrap().as_deref(),
+        Some("dashboard (signed in)")
+    );
+    assert_eq!(
+        actor(s.failed).await.unwrap().as_deref(),
+        Some("dashboard (token)")
+    );
     // The engine's refusals are shown, not hidden: a done row cannot be cancelled.
     let late = send(
         &app,

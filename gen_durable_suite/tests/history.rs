@@ -198,6 +198,105 @@ async fn a_history_read_refuses_bad_input_and_an_unknown_id() {
     db.close().await;
 }
 
+/// An operator's cancel, retry and restart are entries, at every level, with who did them:
+/// the client's actor, else the database role. A cancel of a running row records the
+/// request; rows a cancel reaches through their parent are entries too.
+#[tokio::test]
+async fn operator_actions_are_entries_with_their_actor() {
+    let db = TestDb::new().await;
+    let pool = db.pool();
+    let gd = Client::new(pool.clone()).with_registry(registry());
+    let alice = gd.clone().with_actor("alice");
+    let role: String = sqlx::query_scalar("SELECT session_user::text")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let actions = |id: i64| {
+        let gd = gd.clone();
+        async move {
+            gd.history(id, None, 100)
+                .await
+                .unwrap()
+                .entries
+                .into_iter()
+                .map(|e| (e.kind, e.step, e.attempt, e.next_step, e.actor, e.error))
+                .collect::<Vec<_>>()
+        }
+    };
+    let s = |x: &str| Some(x.to_string());
+
+    // A runnable row: cancelled by alice, retried by the role, restarted by alice.
+    let plain = gd.insert::<Plain>(Count::default()).await.unwrap();
+    alice.cancel(plain).await.unwrap();
+    gd.retry(plain).await.unwrap();
+    alice.restart(plain, "two").await.unwrap();
+    assert_eq!(
+        actions(plain).await,
+        vec![
+            (
+                HistoryKind::Cancelled,
+                "one".into(),
+                1,
+                None,
+                s("alice"),
+                s("cancelled")
+            ),
+            (
+                HistoryKind::Retried,
+                "one".into(),
+                1,
+                None,
+                Some(role.clone()),
+                None
+            ),
+            (
+                HistoryKind::Restarted,
+                "one".into(),
+                1,
+                s("two"),
+                s("alice"),
+                None
+            ),
+        ]
+    );
+
+    // A level that keeps no steps still keeps what operators do.
+    let leaf = gd.insert::<Leaf>(Count::default()).await.unwrap();
+    alice.cancel(leaf).await.unwrap();
+    assert_eq!(actions(leaf).await.len(), 1);
+
+    // A running row: the cancel is a request, recorded as such.
+    let running = gd.insert::<Plain>(Count::default()).await.unwrap();
+    sqlx::query(
+        "UPDATE gd_instances SET status = 'executing', locked_by = 'elsewhere', \
+         lease_expires_at = now() + interval '1 hour' WHERE id = $1",
+    )
+    .bind(running)
+    .execute(pool)
+    .await
+    .unwrap();
+    alice.cancel(running).await.unwrap();
+    assert_eq!(
+        actions(running).await,
+        vec![(
+            HistoryKind::CancelRequested,
+            "one".into(),
+            1,
+            None,
+            s("alice"),
+            None
+        )]
+    );
+
+    // Refused actions write nothing: a retry of a live row, a restart of a running one.
+    let before = actions(plain).await.len();
+    alice.retry(plain).await.unwrap_err();
+    alice.restart(running, "two").await.unwrap_err();
+    assert_eq!(actions(plain).await.len(), before);
+    assert_eq!(actions(running).await.len(), 1);
+    db.close().await;
+}
+
 /// Both reapers and the release leave an entry: the lease a worker lost (on which node,
 /// which attempt, what the reaper says), and the rows a drain gave back.
 #[tokio::test]

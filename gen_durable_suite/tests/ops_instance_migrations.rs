@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{eventually, finished, status, Events};
 use gen_durable::{
-    Client, DurableState, Engine, Error, Event, MigrateOptions, Migration, MigrationError,
-    QueueConfig, Registry, Step,
+    Client, DurableState, Engine, Error, Event, HistoryKind, MigrateOptions, Migration,
+    MigrationError, QueueConfig, Registry, Step,
 };
 use gen_durable_testkit::TestDb;
 use serde::{Deserialize, Serialize};
@@ -149,6 +149,26 @@ async fn row(pool: &sqlx::PgPool, id: i64) -> (i32, String, String, i32, Option<
     .unwrap()
 }
 
+/// The `migrated` entries of an instance's history: (step, next step, actor, node, detail).
+type MigratedEntry = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+async fn migrations_in_history(gd: &Client, id: i64) -> Vec<MigratedEntry> {
+    gd.history(id, None, 100)
+        .await
+        .unwrap()
+        .entries
+        .into_iter()
+        .filter(|e| e.kind == HistoryKind::Migrated)
+        .map(|e| (e.step, e.next_step, e.actor, e.node, e.detail))
+        .collect()
+}
+
 async fn state(pool: &sqlx::PgPool, id: i64) -> Value {
     sqlx::query_scalar("SELECT state FROM gd_instances WHERE id = $1")
         .bind(id)
@@ -211,6 +231,19 @@ async fn a_node_that_knows_the_migration_moves_old_rows_on_claim_and_runs_them_o
     migrated.sort_unstable();
     let want: Vec<(i64, i32, i32)> = ids.iter().map(|&id| (id, 1, 2)).collect();
     assert_eq!(migrated, want, "one migration per row, committed once");
+    // The history says so, once per row, as the node that did it.
+    for &id in &ids {
+        assert_eq!(
+            migrations_in_history(&gd, id).await,
+            vec![(
+                "charge".to_string(),
+                Some("charge".to_string()),
+                None,
+                Some("new".to_string()),
+                Some("from version 1 to 2".to_string())
+            )],
+        );
+    }
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }
@@ -381,9 +414,26 @@ async fn bulk_migration_moves_parked_rows_skips_executing_ones_and_a_dry_run_wri
     assert_eq!(snapshot().await, before);
 
     let done = gd
+        .clone()
+        .with_actor("ops")
         .migrate_instances("Sub", 2, MigrateOptions::default().with_batch(4))
         .await
         .unwrap();
+    // The history records each row moved, once, as the actor did it; none for the rest.
+    for &id in &parked_ids {
+        assert_eq!(
+            migrations_in_history(&gd, id).await,
+            vec![(
+                "notify".to_string(),
+                Some("email".to_string()),
+                Some("ops".to_string()),
+                None,
+                Some("from version 1 to 2".to_string())
+            )],
+        );
+    }
+    assert_eq!(migrations_in_history(&gd, gold).await, vec![]);
+    assert_eq!(migrations_in_history(&gd, busy).await, vec![]);
     assert_eq!(done.migrated.get(&1), Some(&6));
     assert_eq!((done.failed, done.executing, done.skipped), (1, 1, 0));
     for &id in &parked_ids {

@@ -12,7 +12,7 @@ impl Client {
     pub async fn cancel(&self, id: i64) -> Result<Cancelled> {
         let mut tx = self.pool.begin().await?;
         let conn = self.pooler.on(&mut *tx);
-        let found = pg::control::cancel(conn, id, self.clock.now_param()).await?;
+        let found = pg::control::cancel(conn, id, self.actor(), self.clock.now_param()).await?;
         tx.commit().await?;
         crate::client::wait::wake(id);
         found.answer(id)
@@ -32,8 +32,13 @@ impl Client {
     pub async fn retry(&self, id: i64) -> Result<()> {
         // One statement; in a transaction so that it is one behind a pooler too.
         let mut tx = self.pool.begin().await?;
-        let found =
-            pg::control::retry(self.pooler.on(&mut *tx), id, self.clock.now_param()).await?;
+        let found = pg::control::retry(
+            self.pooler.on(&mut *tx),
+            id,
+            self.actor(),
+            self.clock.now_param(),
+        )
+        .await?;
         tx.commit().await?;
         found.answer(id)
     }

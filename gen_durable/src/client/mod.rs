@@ -82,6 +82,8 @@ pub struct Client {
     waiters: Arc<Waiters>,
     /// The handlers of its events (`wait.stop`).
     telemetry: Telemetry,
+    /// Who its operator actions are recorded as, in the history.
+    actor: Option<Arc<str>>,
 }
 
 impl Client {
@@ -105,6 +107,7 @@ impl Client {
             group: Arc::default(),
             tasks,
             telemetry: Telemetry::default(),
+            actor: None,
         }
     }
 
@@ -171,6 +174,21 @@ impl Client {
     pub fn with_wait_tick(mut self, tick: Duration) -> Self {
         self.waiters = Waiters::new(self.pool.clone(), self.pooler, tick, self.tasks.clone());
         self
+    }
+
+    /// Records the operator actions of this client (cancel, retry, restart, an instance
+    /// migration) in the history as done by `actor` — a person, a service, a ticket.
+    /// Without it they are recorded as done by the database role the client connected
+    /// as.
+    pub fn with_actor(mut self, actor: impl Into<String>) -> Self {
+        self.actor = Some(actor.into().into());
+        self
+    }
+
+    /// Who this client's operator actions are recorded as, if it was told
+    /// ([`Client::with_actor`]).
+    pub fn actor(&self) -> Option<&str> {
+        self.actor.as_deref()
     }
 
     /// The pool this client uses.

@@ -73,6 +73,17 @@ pub enum HistoryKind {
     LeaseLost,
     /// A draining worker gave the step back before it ran.
     Released,
+    /// An operator asked to cancel the instance while its step ran (`actor`): the step's
+    /// outcome is then written as `cancelled`.
+    CancelRequested,
+    /// An operator retried the failed instance at its `step` (`actor`).
+    Retried,
+    /// An operator restarted the instance, from `step`, at `next_step` (`actor`).
+    Restarted,
+    /// The instance moved to a later version of its FSM (`detail`), from `step` to
+    /// `next_step`: by an operator's bulk migration (`actor`), or by the node that
+    /// claimed it (`node`).
+    Migrated,
 }
 
 impl HistoryKind {
@@ -88,11 +99,15 @@ impl HistoryKind {
             HistoryKind::Cancelled => "cancelled",
             HistoryKind::LeaseLost => "lease_lost",
             HistoryKind::Released => "released",
+            HistoryKind::CancelRequested => "cancel_requested",
+            HistoryKind::Retried => "retried",
+            HistoryKind::Restarted => "restarted",
+            HistoryKind::Migrated => "migrated",
         }
     }
 
     /// Every kind.
-    pub const ALL: [HistoryKind; 9] = [
+    pub const ALL: [HistoryKind; 13] = [
         HistoryKind::Next,
         HistoryKind::Retry,
         HistoryKind::Await,
@@ -102,6 +117,10 @@ impl HistoryKind {
         HistoryKind::Cancelled,
         HistoryKind::LeaseLost,
         HistoryKind::Released,
+        HistoryKind::CancelRequested,
+        HistoryKind::Retried,
+        HistoryKind::Restarted,
+        HistoryKind::Migrated,
     ];
 }
 
@@ -149,6 +168,12 @@ pub struct HistoryEntry {
     pub children: Option<i32>,
     /// The state the step began with (history level `full` only).
     pub state: Option<Value>,
+    /// Who did an operator's action: the name its client was given
+    /// ([`Client::with_actor`](crate::Client::with_actor)), else the database role it
+    /// connected as. `None` for what the engine did.
+    pub actor: Option<String>,
+    /// What an action did that the other fields do not say (a migration's versions).
+    pub detail: Option<String>,
 }
 
 /// A page of an instance's history, oldest first.

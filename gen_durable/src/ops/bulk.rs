@@ -295,7 +295,8 @@ impl Client {
             let Some(&last) = ids.last() else { break };
             after = last;
             let mut tx = self.pool().begin().await?;
-            let b = control::cancel_many(self.pooler().on(&mut *tx), &ids, now).await?;
+            let b =
+                control::cancel_many(self.pooler().on(&mut *tx), &ids, self.actor(), now).await?;
             tx.commit().await?;
             let live = b.roots.iter().filter(|(_, st)| !st.is_terminal()).count();
             report.matched += ids.len() as u64;
@@ -352,7 +353,8 @@ impl Client {
     /// changed) if one of them came back into its key's scope while another row holds it.
     async fn retry_batch(&self, ids: &[i64], now: Option<DateTime<Utc>>) -> Result<Option<u64>> {
         let mut tx = self.pool().begin().await?;
-        let found = control::rerun(self.pooler().on(&mut *tx), ids, None, now).await?;
+        let found =
+            control::rerun(self.pooler().on(&mut *tx), ids, None, self.actor(), now).await?;
         match found {
             Reruns::KeyTaken => {
                 tx.rollback().await?;

@@ -184,11 +184,13 @@ impl<'r> BulkPass<'r> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     pool: &PgPool,
     pooler: Pooler,
     clock: &Clock,
     registry: &Registry,
+    actor: Option<&str>,
     fsm: &str,
     to: i32,
     opts: MigrateOptions,
@@ -209,7 +211,7 @@ pub(crate) async fn run(
         );
         if !opts.dry_run {
             let now = clock.now_param();
-            migration::apply_batch(pooler.on(&mut *tx), &moved, now).await?;
+            migration::apply_batch(pooler.on(&mut *tx), &moved, actor, now).await?;
             migration::note_failed(pooler.on(&mut *tx), &failed, now).await?;
             tx.commit().await?;
         }
@@ -237,6 +239,7 @@ impl Client {
             self.pooler(),
             self.clock(),
             self.registry(),
+            self.actor(),
             fsm,
             to,
             opts,

@@ -109,7 +109,7 @@ pub(crate) async fn signal(
 }
 
 pub(crate) async fn cancel(pool: &PgPool, id: i64) -> Result<Output, CliError> {
-    let c = Client::new(pool.clone()).cancel(id).await?;
+    let c = super::connect::operator(pool).cancel(id).await?;
     let mut text = format!("cancelled instance {id}: ");
     text.push_str(&match (c.failed, c.after_current_step) {
         (f, 0) => format!("{f} instance(s) failed with \"cancelled\" (it and its live descendants)\n"),
@@ -129,7 +129,7 @@ pub(crate) async fn cancel(pool: &PgPool, id: i64) -> Result<Output, CliError> {
 }
 
 pub(crate) async fn retry(pool: &PgPool, id: i64) -> Result<Output, CliError> {
-    Client::new(pool.clone()).retry(id).await?;
+    super::connect::operator(pool).retry(id).await?;
     Ok(Output {
         json: json!({ "id": id, "retried": true }),
         text: format!("instance {id} is runnable again at the step it failed in (attempt 0)\n"),

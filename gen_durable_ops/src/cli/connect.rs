@@ -120,6 +120,19 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// The client an operator's command acts with: the history records its actions as done
+/// by the user who ran it (`$USER`, then `$LOGNAME`), as `alice (cli)`.
+pub(crate) fn operator(pool: &PgPool) -> gen_durable::Client {
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.trim().is_empty()));
+    let actor = match user {
+        Some(u) => format!("{} (cli)", u.trim()),
+        None => "cli".to_string(),
+    };
+    gen_durable::Client::new(pool.clone()).with_actor(actor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact;

@@ -1,5 +1,6 @@
 //! `gen_durable history ID`: an instance's history, oldest first — each step's outcome,
-//! attempt, node, duration and error, and the lost leases and releases between them.
+//! attempt, node, duration and error, the lost leases and releases between them, and the
+//! operators' actions with who did them.
 
 use sqlx::PgPool;
 
@@ -27,7 +28,7 @@ pub(crate) async fn run(pool: &PgPool, id: i64) -> Result<Output, CliError> {
         }
     }
     let mut table = Table::new([
-        "entry", "at", "step", "attempt", "outcome", "took", "node", "detail",
+        "entry", "at", "step", "attempt", "outcome", "took", "by", "detail",
     ]);
     for e in &entries {
         let took = e
@@ -41,7 +42,10 @@ pub(crate) async fn run(pool: &PgPool, id: i64) -> Result<Output, CliError> {
             e.attempt.to_string(),
             e.kind.to_string(),
             took,
-            e.node.clone().unwrap_or_default(),
+            e.actor
+                .clone()
+                .or_else(|| e.node.clone())
+                .unwrap_or_default(),
             detail(e),
         ]);
     }
@@ -54,11 +58,14 @@ pub(crate) async fn run(pool: &PgPool, id: i64) -> Result<Output, CliError> {
     Ok(Output { json, text })
 }
 
-/// What an entry adds: where it leads, its children, signals and error.
+/// What an entry adds: where it leads, its children, signals, error and what an action did.
 fn detail(e: &HistoryEntry) -> String {
     let mut parts = Vec::new();
     if let Some(next) = &e.next_step {
         parts.push(format!("-> {next}"));
+    }
+    if let Some(d) = &e.detail {
+        parts.push(d.clone());
     }
     if let Some(n) = e.children {
         parts.push(format!("{n} children"));

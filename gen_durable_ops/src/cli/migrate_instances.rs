@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use super::error::Kind;
 use super::{CliError, Output};
-use gen_durable::{Client, Error, MigrateOptions};
+use gen_durable::{Error, MigrateOptions};
 
 pub(crate) async fn run(
     pool: &PgPool,
@@ -22,7 +22,7 @@ pub(crate) async fn run(
         ..MigrateOptions::default()
     }
     .with_batch(batch);
-    let report = Client::new(pool.clone())
+    let report = super::connect::operator(pool)
         .migrate_instances(fsm, to, opts)
         .await
         .map_err(|e| match e {

@@ -12,7 +12,7 @@ pub(crate) async fn pause(
     queue: &str,
     reason: Option<&str>,
 ) -> Result<Output, CliError> {
-    let gd = Client::new(pool.clone());
+    let gd = super::connect::operator(pool);
     let newly = gd.pause_queue(queue, reason).await?;
     let text = if newly {
         format!("paused queue {queue:?}: no node claims its rows until `gen_durable resume {queue}` (rows already claimed finish their step)\n")
@@ -39,7 +39,7 @@ pub(crate) async fn resume(pool: &PgPool, queue: &str) -> Result<Output, CliErro
 }
 
 pub(crate) async fn restart(pool: &PgPool, id: i64, step: &str) -> Result<Output, CliError> {
-    Client::new(pool.clone()).restart(id, step).await?;
+    super::connect::operator(pool).restart(id, step).await?;
     Ok(Output {
         json: json!({ "id": id, "restarted": true, "step": step }),
         text: format!("instance {id} is runnable now at step {step:?} (attempt 0)\n"),
@@ -51,7 +51,7 @@ pub(crate) async fn cancel_where(
     filter: &Filter,
     dry_run: bool,
 ) -> Result<Output, CliError> {
-    let r = Client::new(pool.clone())
+    let r = super::connect::operator(pool)
         .cancel_where(filter, dry_run)
         .await?;
     let text = if dry_run {
@@ -82,7 +82,7 @@ pub(crate) async fn retry_where(
     filter: &Filter,
     dry_run: bool,
 ) -> Result<Output, CliError> {
-    let r = Client::new(pool.clone())
+    let r = super::connect::operator(pool)
         .retry_where(filter, dry_run)
         .await?;
     let text = if dry_run {

@@ -19,7 +19,6 @@ use super::auth::authorize;
 use super::error::DashboardError;
 use super::operator;
 use super::AppState;
-use gen_durable::Client;
 
 /// Every action route. On a read-only dashboard each one is [`refuse`], which reads
 /// no body and runs nothing.
@@ -103,8 +102,7 @@ async fn cancel(
     headers: HeaderMap,
     Form(form): Form<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
-    Client::new(state.pool.clone())
+    authorize(&state, &headers, &form.csrf)?
         .cancel(id)
         .await
         .map_err(refused)?;
@@ -117,8 +115,7 @@ async fn retry(
     headers: HeaderMap,
     Form(form): Form<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
-    Client::new(state.pool.clone())
+    authorize(&state, &headers, &form.csrf)?
         .retry(id)
         .await
         .map_err(refused)?;
@@ -131,7 +128,7 @@ async fn signal(
     headers: HeaderMap,
     Form(form): Form<SignalForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
+    let gd = authorize(&state, &headers, &form.csrf)?;
     let raw = if form.payload.trim().is_empty() {
         "null"
     } else {
@@ -139,7 +136,6 @@ async fn signal(
     };
     let payload: Value = serde_json::from_str(raw)
         .map_err(|e| DashboardError::BadRequest(format!("the payload is not JSON: {e}")))?;
-    let gd = Client::new(state.pool.clone());
     let mut send = gd.signal(id, form.name.as_str(), payload);
     if !form.dedup_key.trim().is_empty() {
         send = send.dedup_key(form.dedup_key.trim());

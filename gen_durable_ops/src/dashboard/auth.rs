@@ -137,17 +137,24 @@ pub(crate) fn is_operator(state: &AppState, headers: &HeaderMap) -> bool {
 }
 
 /// Lets an action through, or says why not. Called first by every action handler.
+///
+/// Returns the client the action runs with: the history records its actions as done by
+/// `dashboard (token)` or `dashboard (signed in)`, as the operator proved it (the
+/// dashboard has one operator token, not one per person).
 pub(crate) fn authorize(
     state: &AppState,
     headers: &HeaderMap,
     form_csrf: &str,
-) -> Result<(), DashboardError> {
+) -> Result<gen_durable::Client, DashboardError> {
     if state.token.is_none() {
         return Err(DashboardError::ReadOnly);
     }
+    let client = |actor: &str| gen_durable::Client::new(state.pool.clone()).with_actor(actor);
     match proof(state, headers) {
-        Some(Proof::Bearer) => Ok(()),
-        Some(Proof::Session) => check_csrf(headers, form_csrf),
+        Some(Proof::Bearer) => Ok(client("dashboard (token)")),
+        Some(Proof::Session) => {
+            check_csrf(headers, form_csrf).map(|()| client("dashboard (signed in)"))
+        }
         // A token was presented and is wrong: it counts against the address.
         None if headers.contains_key(AUTHORIZATION) => Err(DashboardError::WrongToken),
         None if cookie(headers, SESSION_COOKIE).is_some() => Err(DashboardError::SessionEnded),

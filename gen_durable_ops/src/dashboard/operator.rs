@@ -17,7 +17,7 @@ use super::error::DashboardError;
 use super::layout::Page;
 use super::overview::urlencode;
 use super::AppState;
-use gen_durable::{Client, Filter, Status};
+use gen_durable::{Filter, Status};
 
 /// The restart form.
 #[derive(Debug, Deserialize)]
@@ -34,8 +34,7 @@ pub(crate) async fn restart(
     headers: HeaderMap,
     Form(form): Form<RestartForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
-    Client::new(state.pool.clone())
+    authorize(&state, &headers, &form.csrf)?
         .restart(id, form.step.trim())
         .await
         .map_err(refused)?;
@@ -57,12 +56,9 @@ pub(crate) async fn pause(
     headers: HeaderMap,
     Form(form): Form<PauseForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
+    let gd = authorize(&state, &headers, &form.csrf)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
-    Client::new(state.pool.clone())
-        .pause_queue(&queue, reason)
-        .await
-        .map_err(refused)?;
+    gd.pause_queue(&queue, reason).await.map_err(refused)?;
     Ok(redirect("/?did=paused"))
 }
 
@@ -72,8 +68,7 @@ pub(crate) async fn resume(
     headers: HeaderMap,
     Form(form): Form<PauseForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
-    Client::new(state.pool.clone())
+    authorize(&state, &headers, &form.csrf)?
         .resume_queue(&queue)
         .await
         .map_err(refused)?;
@@ -124,10 +119,9 @@ pub(crate) async fn bulk(
     headers: HeaderMap,
     Form(form): Form<BulkForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?;
+    let gd = authorize(&state, &headers, &form.csrf)?;
     let filter = form.filter()?;
     let dry_run = form.preview.is_some();
-    let gd = Client::new(state.pool.clone());
     let report = match form.action.as_str() {
         "cancel" => gd.cancel_where(&filter, dry_run).await,
         "retry" => gd.retry_where(&filter, dry_run).await,

@@ -83,13 +83,23 @@ WITH refund AS MATERIALIZED (
                   AND gd_status_of(c) IN ('runnable', 'awaiting_signal', 'awaiting_children'))
      WHERE i.id = ANY ($1)
        AND gd_status_of(i) IN ('runnable', 'awaiting_signal', 'awaiting_children')
-    RETURNING i.id, i.parent_id
+    RETURNING i.id, i.parent_id, i.step, i.attempt
 ), flagged AS (
     UPDATE gd_instances i SET cancel_requested = true
      WHERE i.id = ANY ($1) AND gd_status_of(i) = 'executing'
-    RETURNING i.id
+    RETURNING i.id, i.step, i.attempt
 ), inbox AS (
     DELETE FROM gd_signals s USING failed f WHERE s.target_id = f.id
+), told AS (
+    -- In the history, at every level, with who did it (`$3`, else the role).
+    INSERT INTO gd_history (instance_id, at, kind, step, attempt, error, actor)
+    SELECT f.id, coalesce($2, now()), 'cancelled', f.step, f.attempt + 1, 'cancelled',
+           coalesce($3::text, session_user)
+      FROM failed f
+    UNION ALL
+    SELECT f.id, coalesce($2, now()), 'cancel_requested', f.step, f.attempt + 1, NULL,
+           coalesce($3::text, session_user)
+      FROM flagged f
 )
 SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(pg_notify('gd_cancel', id::text)) FROM flagged) AS flagged,
@@ -103,13 +113,15 @@ SELECT (SELECT count(*) FROM failed) AS failed,
 const FAN_IN: &str =
     "/* gd:cancel */ SELECT count(pg_notify('gd_wake', q)) FROM gd_fan_in($1, coalesce($2, now())) AS q";
 
-/// Cancels instance `id` and its live descendants; `conn` must be in a transaction.
+/// Cancels instance `id` and its live descendants, for `actor`; `conn` must be in a
+/// transaction.
 pub(crate) async fn cancel(
     conn: On<&mut PgConnection>,
     id: i64,
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<CancelFound> {
-    let batch = cancel_many(conn, &[id], now).await?;
+    let batch = cancel_many(conn, &[id], actor, now).await?;
     Ok(match batch.roots.first() {
         None => CancelFound::NotFound,
         Some((_, st)) if st.is_terminal() => CancelFound::Finished(*st),
@@ -132,11 +144,12 @@ pub(crate) struct CancelBatch {
 }
 
 /// Cancels the live ones of instances `ids` with their live descendants, in the
-/// statements of a single cancel; `conn` must be in a transaction. Roots that are
-/// terminal when locked are left as they are.
+/// statements of a single cancel, for `actor`; `conn` must be in a transaction. Roots
+/// that are terminal when locked are left as they are.
 pub(crate) async fn cancel_many(
     mut conn: On<&mut PgConnection>,
     ids: &[i64],
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<CancelBatch> {
     let locked: Vec<(i64, Status, bool)> = sqlx::query_as(CANCEL_TREE)
@@ -162,6 +175,7 @@ pub(crate) async fn cancel_many(
     let (failed, flagged, parents): (i64, i64, Vec<i64>) = sqlx::query_as(CANCEL_APPLY)
         .bind(tree)
         .bind(now)
+        .bind(actor)
         .fetch_one(conn.again())
         .await?;
     if !parents.is_empty() {
@@ -219,7 +233,7 @@ WITH locked AS MATERIALIZED (
      ORDER BY i.id
        FOR NO KEY UPDATE OF i
 ), target AS (
-    SELECT l.id, l.status, l.parent_id, l.fsm_version,
+    SELECT l.id, l.status, l.parent_id, l.fsm_version, l.step,
            (SELECT count(*)::int FROM gd_instances c
              WHERE c.parent_id = l.id AND c.status NOT IN ('done', 'failed')) AS live
       FROM locked l WHERE l.id = ANY ($1)
@@ -265,7 +279,14 @@ WITH locked AS MATERIALIZED (
                        AND i.rate_step = coalesce($3::text, i.step)
       FROM judged j
      WHERE i.id = j.id AND j.go
-    RETURNING i.queue, i.status
+    RETURNING i.id, i.queue, i.status, j.step AS was_step, i.step
+), told AS (
+    -- In the history, at every level, with who did it (`$5`, else the role).
+    INSERT INTO gd_history (instance_id, at, kind, step, attempt, next_step, actor)
+    SELECT r.id, coalesce($2, now()),
+           CASE WHEN $3::text IS NULL THEN 'retried' ELSE 'restarted' END, r.was_step, 1,
+           CASE WHEN $3::text IS NOT NULL THEN r.step END, coalesce($5::text, session_user)
+      FROM retried r
 ), rearmed AS (
     UPDATE gd_instances p
        SET children_pending = p.children_pending + r.n, updated_at = coalesce($2, now())
@@ -309,11 +330,12 @@ pub(crate) enum Reruns {
 }
 
 /// Retries (`step` `None`) or restarts at `step` (checked against FSM version
-/// `version`) instances `ids` in one statement.
+/// `version`) instances `ids` in one statement, for `actor`.
 pub(crate) async fn rerun(
     mut conn: On<&mut PgConnection>,
     ids: &[i64],
     step: Option<(&str, i32)>,
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Reruns> {
     let found = sqlx::query_as::<_, Rerun>(RETRY)
@@ -321,6 +343,7 @@ pub(crate) async fn rerun(
         .bind(now)
         .bind(step.map(|(s, _)| s))
         .bind(step.map(|(_, v)| v))
+        .bind(actor)
         .fetch_all(conn.again())
         .await;
     match found {
@@ -332,13 +355,14 @@ pub(crate) async fn rerun(
     }
 }
 
-/// Retries instance `id`.
+/// Retries instance `id`, for `actor`.
 pub(crate) async fn retry(
     conn: On<&mut PgConnection>,
     id: i64,
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<RetryFound> {
-    Ok(match rerun(conn, &[id], None, now).await? {
+    Ok(match rerun(conn, &[id], None, actor, now).await? {
         Reruns::KeyTaken => RetryFound::KeyTaken,
         Reruns::Found(rows) => match rows.first() {
             None => RetryFound::NotFound,
@@ -347,16 +371,18 @@ pub(crate) async fn retry(
     })
 }
 
-/// Restarts instance `id` at `step`, checked by the caller against FSM version `version`.
+/// Restarts instance `id` at `step`, checked by the caller against FSM version
+/// `version`, for `actor`.
 pub(crate) async fn restart(
     conn: On<&mut PgConnection>,
     id: i64,
     step: &str,
     version: i32,
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<RestartFound> {
     Ok(
-        match rerun(conn, &[id], Some((step, version)), now).await? {
+        match rerun(conn, &[id], Some((step, version)), actor, now).await? {
             Reruns::KeyTaken => RestartFound::KeyTaken,
             Reruns::Found(rows) => match rows.first() {
                 None => RestartFound::NotFound,
@@ -425,7 +451,7 @@ mod tests {
         .unwrap();
         let mut conn = db.pool().acquire().await.unwrap();
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None)
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None, None)
             .await
             .unwrap();
         assert_eq!(found, RestartFound::VersionChanged { from: 1, to: 2 });
@@ -436,7 +462,7 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!((status.as_str(), step.as_str()), ("done", "b"));
-        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None)
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None, None)
             .await
             .unwrap();
         assert_eq!(found, RestartFound::Restarted);
@@ -473,9 +499,11 @@ mod tests {
                       WHERE relname = 'gd_instances'";
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
         let before: (i64, i64, i64) = sqlx::query_as(scans).fetch_one(&mut *tx).await.unwrap();
-        let retried = retry(Pooler::None.on(&mut *tx), 20002, None).await.unwrap();
+        let retried = retry(Pooler::None.on(&mut *tx), 20002, None, None)
+            .await
+            .unwrap();
         assert_eq!(retried, RetryFound::Retried);
-        let cancelled = cancel(Pooler::None.on(&mut *tx), 20003, None)
+        let cancelled = cancel(Pooler::None.on(&mut *tx), 20003, None, None)
             .await
             .unwrap();
         assert!(

@@ -15,7 +15,7 @@ use crate::store::pg::millis;
 /// `gd_history_instance` per partition.
 const PAGE: &str = r#"/* gd:history */
 SELECT h.entry, h.at, h.kind, h.step, h.attempt, h.started_at, h.next_step, h.node, h.error,
-       coalesce(h.signals, '{}') AS signals, h.children, h.state
+       coalesce(h.signals, '{}') AS signals, h.children, h.state, h.actor, h.detail
   FROM gd_history h
  WHERE h.instance_id = $1 AND h.entry > $2
  ORDER BY h.entry
@@ -48,6 +48,8 @@ struct EntryRow {
     signals: Vec<i64>,
     children: Option<i32>,
     state: Option<serde_json::Value>,
+    actor: Option<String>,
+    detail: Option<String>,
 }
 
 impl EntryRow {
@@ -68,6 +70,8 @@ impl EntryRow {
             signals: self.signals,
             children: self.children,
             state: self.state,
+            actor: self.actor,
+            detail: self.detail,
         })
     }
 }

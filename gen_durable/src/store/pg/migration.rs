@@ -21,7 +21,12 @@ use crate::model::rows::Migrated;
 /// elsewhere) meanwhile is not touched. Attempt, awaits,
 /// inbox, children and lease stay: the step then runs on the new version under the same
 /// claim.
+///
+/// The history records it (kind `migrated`, at every level) with the node that did it.
 pub(super) const MIGRATE_CLAIMED: &str = r#"/* gd:migrate */
+WITH was AS (
+    SELECT i.step, i.fsm_version FROM gd_instances i WHERE i.id = $1
+), m AS (
 UPDATE gd_instances i
    SET fsm_version = $4, state = $5, step = $6, updated_at = coalesce($7, now())
  WHERE i.id = $1
@@ -34,7 +39,14 @@ UPDATE gd_instances i
                                 AND l.priority = i.priority AND b.node = $3
                                 AND b.lo <= i.ready_seq AND b.hi > i.ready_seq)
             ELSE i.lease_epoch = $2 AND i.locked_by = $3 AND i.status = 'executing' END
-RETURNING i.id
+RETURNING i.id, i.attempt
+), told AS (
+    INSERT INTO gd_history (instance_id, at, kind, step, attempt, next_step, node, detail)
+    SELECT m.id, coalesce($7, now()), 'migrated', w.step, m.attempt + 1, $6, $3,
+           format('from version %s to %s', w.fsm_version, $4::int4)
+      FROM m CROSS JOIN was w
+)
+SELECT id FROM m
 "#;
 
 /// Writes a claimed row's migration; `false` if its lease was lost.
@@ -131,14 +143,25 @@ pub(crate) async fn batch<'e>(
 /// claim reads rows without locking them, so a claim that read it on its old version just
 /// before this commit finds its fence moved and commits nothing of that step. Wakes the
 /// queues of the runnable rows it moved, whose entries are new.
+///
+/// The history records each (kind `migrated`, at every level) with who did it (`$6`, else
+/// the role); `was` reads the rows as they were before this statement.
 const APPLY_BATCH: &str = r#"/* gd:migrate */
-WITH m AS (
+WITH was AS (
+    SELECT i.id, i.step, i.fsm_version, i.attempt FROM gd_instances i WHERE i.id = ANY ($1)
+), m AS (
     UPDATE gd_instances i
        SET fsm_version = u.version, state = u.state, step = u.step,
            updated_at = coalesce($5, now()), ready_seq = NULL
       FROM unnest($1::int8[], $2::int4[], $3::jsonb[], $4::text[]) AS u(id, version, state, step)
      WHERE i.id = u.id
-    RETURNING i.queue, i.status
+    RETURNING i.id, i.queue, i.status, i.step, i.fsm_version
+), told AS (
+    INSERT INTO gd_history (instance_id, at, kind, step, attempt, next_step, actor, detail)
+    SELECT m.id, coalesce($5, now()), 'migrated', w.step, w.attempt + 1, m.step,
+           coalesce($6::text, session_user),
+           format('from version %s to %s', w.fsm_version, m.fsm_version)
+      FROM m JOIN was w ON w.id = m.id
 )
 SELECT count(*),
        (SELECT count(pg_notify('gd_wake', q))
@@ -149,6 +172,7 @@ SELECT count(*),
 pub(crate) async fn apply_batch<'e>(
     db: impl PgExecutor<'e>,
     rows: &[(i64, Migrated)],
+    actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<u64> {
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
@@ -161,6 +185,7 @@ pub(crate) async fn apply_batch<'e>(
         .bind(states)
         .bind(steps)
         .bind(now)
+        .bind(actor)
         .fetch_one(db)
         .await?;
     Ok(n as u64)
