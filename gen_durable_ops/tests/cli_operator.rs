@@ -109,6 +109,69 @@ async fn restart_checks_the_step_against_live_nodes_and_refuses_executing_rows()
     db.close().await;
 }
 
+/// `restart --entry` takes a history entry's step and state; `fork` needs the FSM's code,
+/// which the stock CLI does not link, and says so; both refuse what has no state.
+#[tokio::test]
+async fn restart_from_an_entry_and_fork_from_the_cli() {
+    let db = TestDb::new().await;
+    let p = db.pool();
+    let done = Row::new("Checkout", "checkout", "done")
+        .version(2)
+        .step("ship")
+        .insert(p)
+        .await;
+    let id = done.to_string();
+    sqlx::query(
+        "INSERT INTO gd_nodes (node_id, queues, fsms, steps)
+         VALUES ('n1', '{checkout}', '{Checkout@2}', '{\"Checkout@2\": [\"reserve\", \"ship\"]}')",
+    )
+    .execute(p)
+    .await
+    .unwrap();
+    let entries: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO gd_history (instance_id, at, kind, step, attempt, state)
+         VALUES ($1, now(), 'next', 'reserve', 1, '{\"order\": 7}'),
+                ($1, now(), 'done', 'ship', 1, NULL)
+         RETURNING entry",
+    )
+    .bind(done)
+    .fetch_all(p)
+    .await
+    .unwrap();
+    let (full, bare) = (entries[0].to_string(), entries[1].to_string());
+
+    let r = gd_on(&db, &["restart", &id, "--entry", &bare]).expect(USAGE);
+    assert!(r.stderr.contains("holds no state"), "{}", r.stderr);
+    gd_on(&db, &["restart", &id, "--entry", "999999"]).expect(NOT_FOUND);
+    gd_on(&db, &["restart", &id, "--entry", &full, "--step", "ship"]).expect(USAGE);
+    let j = gd_on(&db, &["--json", "restart", &id, "--entry", &full])
+        .expect(0)
+        .json();
+    assert_eq!(
+        j,
+        json!({ "id": done, "restarted": true, "entry": entries[0] })
+    );
+    let (status, step, state): (String, String, serde_json::Value) =
+        sqlx::query_as("SELECT status::text, step, state FROM gd_instances WHERE id = $1")
+            .bind(done)
+            .fetch_one(p)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), step.as_str(), state),
+        ("runnable", "reserve", json!({"order": 7}))
+    );
+
+    let r = gd_on(&db, &["fork", &id, "--entry", &full]).expect(USAGE);
+    assert!(r.stderr.contains("gen_durable_ops::main()"), "{}", r.stderr);
+    let instances: i64 = sqlx::query_scalar("SELECT count(*) FROM gd_instances")
+        .fetch_one(p)
+        .await
+        .unwrap();
+    assert_eq!(instances, 1, "a refused fork inserts nothing");
+    db.close().await;
+}
+
 #[tokio::test]
 async fn cancel_and_retry_by_filter_with_a_dry_run() {
     let db = TestDb::new().await;

@@ -297,6 +297,159 @@ async fn operator_actions_are_entries_with_their_actor() {
     db.close().await;
 }
 
+/// Time travel: a fork starts a new instance at a past step with the state that step
+/// began with, and runs to the end; the original is untouched. A restart from an entry
+/// puts the instance itself back there. Bad input writes nothing.
+#[tokio::test]
+async fn a_fork_from_a_past_step_completes_and_a_restart_from_an_entry_takes_its_state() {
+    let db = TestDb::new().await;
+    let pool = db.pool();
+    let engine = Engine::builder(pool.clone())
+        .with_registry(registry())
+        .queue("hist", 4)
+        .start()
+        .await
+        .unwrap();
+    let gd = Client::new(pool.clone()).with_registry(registry());
+    let alice = gd.clone().with_actor("alice");
+    let parked = |id: i64| async move {
+        common::eventually(10, "the order to park on its signal", || async {
+            common::status(pool, id).await == "awaiting_signal"
+        })
+        .await;
+    };
+    let order = gd.insert::<Order>(Count::default()).await.unwrap();
+    parked(order).await;
+    let entries = gd.history(order, None, 100).await.unwrap().entries;
+    // The second attempt at `charge`, which began with n = 1.
+    let charge = entries
+        .iter()
+        .find(|e| e.step == "charge" && e.kind == HistoryKind::Next)
+        .unwrap();
+    assert_eq!(charge.state.as_ref().unwrap()["n"], 1);
+    let row = |id: i64| async move {
+        sqlx::query_as::<_, (String, String, serde_json::Value, String)>(
+            "SELECT step, status::text, state, updated_at::text FROM gd_instances WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let before = row(order).await;
+
+    let fork = alice.fork(order, charge.entry).await.unwrap();
+    assert_ne!(fork, order);
+    assert_eq!(row(order).await, before, "the original is untouched");
+    parked(fork).await;
+    gd.signal(fork, "paid", json!({})).await.unwrap();
+    assert_eq!(finished(pool, fork, 10).await, "done");
+    let forked = gd.history(fork, None, 100).await.unwrap().entries;
+    let first = &forked[0];
+    assert_eq!(
+        (first.kind, first.step.as_str(), first.actor.as_deref()),
+        (HistoryKind::Forked, "charge", Some("alice"))
+    );
+    assert_eq!(
+        first.detail.as_deref(),
+        Some(&*format!("from instance {order} at entry {}", charge.entry))
+    );
+    // It ran from `charge` on, with the entry's state (n = 1 until charge set 2).
+    assert_eq!(forked[1].step, "charge");
+    assert_eq!(forked[1].state.as_ref().unwrap()["n"], 1);
+    assert_eq!(forked.last().unwrap().kind, HistoryKind::Done);
+
+    // The original, restarted from its first entry: back at `reserve` with n = 0.
+    let reserve = &entries[0];
+    assert_eq!(reserve.step, "reserve");
+    alice.restart_from(order, reserve.entry).await.unwrap();
+    parked(order).await;
+    let again = gd.history(order, None, 100).await.unwrap().entries;
+    let at = again
+        .iter()
+        .position(|e| e.kind == HistoryKind::Restarted)
+        .unwrap();
+    assert_eq!(
+        (
+            again[at].next_step.as_deref(),
+            again[at].actor.as_deref(),
+            again[at].detail.as_deref()
+        ),
+        (
+            Some("reserve"),
+            Some("alice"),
+            Some(&*format!("with the state of entry {}", reserve.entry))
+        )
+    );
+    assert_eq!(again[at + 1].step, "reserve");
+    assert_eq!(
+        again[at + 1].state,
+        reserve.state,
+        "it began with the entry's state"
+    );
+
+    // Bad input: typed, and nothing written.
+    let count = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT (SELECT count(*) FROM gd_instances) + (SELECT count(*) FROM gd_history)",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let written = count().await;
+    let e = gd.fork(order, 987_654).await.unwrap_err();
+    assert!(
+        matches!(e, Error::UnknownEntry { entry: 987_654, .. }),
+        "{e}"
+    );
+    let e = gd.restart_from(order, 987_654).await.unwrap_err();
+    assert!(matches!(e, Error::UnknownEntry { .. }), "{e}");
+    let e = gd.fork(424_242, 1).await.unwrap_err();
+    assert!(matches!(e, Error::NotFound { id: 424_242 }), "{e}");
+    // An operator's entry holds no state; nor does a step of a `steps` FSM.
+    let e = gd.fork(order, again[at].entry).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::EntryWithoutState {
+                kind: HistoryKind::Restarted,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        count().await,
+        written,
+        "a refused fork or restart writes nothing"
+    );
+    let plain = gd.insert::<Plain>(Count::default()).await.unwrap();
+    assert_eq!(finished(pool, plain, 10).await, "done");
+    let step = gd.history(plain, None, 10).await.unwrap().entries[0].entry;
+    let written = count().await;
+    let e = gd.fork(plain, step).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::EntryWithoutState {
+                kind: HistoryKind::Next,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = gd.restart_from(plain, step).await.unwrap_err();
+    assert!(matches!(e, Error::EntryWithoutState { .. }), "{e}");
+    assert_eq!(
+        count().await,
+        written,
+        "a refused fork or restart writes nothing"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
+
 /// Both reapers and the release leave an entry: the lease a worker lost (on which node,
 /// which attempt, what the reaper says), and the rows a drain gave back.
 #[tokio::test]

@@ -135,6 +135,26 @@ pub enum Error {
         /// The FSM's stored step names.
         known: Vec<String>,
     },
+    /// The instance has no history entry of this id: it never had one, or the entry was
+    /// collected after the history's retention. Nothing was written.
+    #[error("instance {id} has no history entry {entry} (it never had one, or it was collected after the history's retention); nothing was written")]
+    UnknownEntry {
+        /// The instance.
+        id: i64,
+        /// The entry asked for.
+        entry: i64,
+    },
+    /// The history entry holds no state to start from: only the step entries of an FSM
+    /// that keeps `history = "full"` do. Nothing was written.
+    #[error("entry {entry} of instance {id} ({kind}) holds no state to start from: only the step entries of an FSM with history = \"full\" do; nothing was written")]
+    EntryWithoutState {
+        /// The instance.
+        id: i64,
+        /// The entry asked for.
+        entry: i64,
+        /// What the entry records.
+        kind: crate::HistoryKind,
+    },
     /// Neither this process's registry nor any live node knows the steps of this FSM
     /// version, so a step given for it cannot be checked; nothing was written.
     #[error("the steps of FSM {fsm:?} v{version} are unknown here: this process has not registered it and no live node announces it (start a node that runs it, or call this from a binary that registers it); nothing was written")]

@@ -84,6 +84,10 @@ pub enum HistoryKind {
     /// `next_step`: by an operator's bulk migration (`actor`), or by the node that
     /// claimed it (`node`).
     Migrated,
+    /// The instance was started as a fork of another's past step
+    /// ([`Client::fork`](crate::Client::fork)): `detail` names the instance and entry it
+    /// came from, `actor` who forked it.
+    Forked,
 }
 
 impl HistoryKind {
@@ -103,11 +107,12 @@ impl HistoryKind {
             HistoryKind::Retried => "retried",
             HistoryKind::Restarted => "restarted",
             HistoryKind::Migrated => "migrated",
+            HistoryKind::Forked => "forked",
         }
     }
 
     /// Every kind.
-    pub const ALL: [HistoryKind; 13] = [
+    pub const ALL: [HistoryKind; 14] = [
         HistoryKind::Next,
         HistoryKind::Retry,
         HistoryKind::Await,
@@ -121,6 +126,7 @@ impl HistoryKind {
         HistoryKind::Retried,
         HistoryKind::Restarted,
         HistoryKind::Migrated,
+        HistoryKind::Forked,
     ];
 }
 

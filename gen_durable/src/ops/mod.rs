@@ -1,5 +1,5 @@
 //! Operations, above the client: pausing a queue cluster-wide, restarting an instance from a
-//! named step, cancelling or retrying every instance a [`Filter`] matches (each a method of
+//! named step or a history entry, forking an instance from a past step, cancelling or retrying every instance a [`Filter`] matches (each a method of
 //! [`crate::Client`], of the testkit's `TestKit` and a command of the `gen_durable` CLI),
 //! moving live instances to a later FSM version in bulk, migrating the schema, and the
 //! bounded counts and Prometheus metrics (feature `metrics`).
@@ -7,6 +7,7 @@
 mod bulk;
 #[cfg(feature = "metrics")]
 pub(crate) mod counts;
+mod fork;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub(crate) mod migrate_instances;

@@ -58,7 +58,7 @@ impl Client {
         check_restart_step(self.registry(), &fsm, version, step, announced)?;
         let mut tx = self.pool().begin().await?;
         let conn = self.pooler().on(&mut *tx);
-        let found = pg::control::restart(conn, id, step, version, self.actor(), now).await?;
+        let found = pg::control::restart(conn, id, step, version, None, self.actor(), now).await?;
         tx.commit().await?;
         crate::client::wait::wake(id);
         found.answer(id)

@@ -94,14 +94,28 @@ pub(crate) enum Command {
         filter: FilterArgs,
     },
     /// Run an instance again from a named step (failed, done, or live but not executing):
-    /// runnable now, attempt 0, nothing awaited.
+    /// runnable now, attempt 0, nothing awaited. With `--entry`, from the step a history
+    /// entry ran, in the state that step began with (`history = "full"`).
     Restart {
         /// The instance id.
         id: i64,
         /// The step to run it from (checked against the FSM version's steps, as live
         /// nodes announce them).
+        #[arg(long, required_unless_present = "entry", conflicts_with = "entry")]
+        step: Option<String>,
+        /// The history entry to start again from (`gen_durable history ID`).
         #[arg(long)]
-        step: String,
+        entry: Option<i64>,
+    },
+    /// Start a new instance from a past step of another: at the step a history entry ran,
+    /// in the state that step began with (`history = "full"`). The original is not
+    /// touched. Needs the FSM's code: run it from a binary that links it.
+    Fork {
+        /// The instance id.
+        id: i64,
+        /// The history entry to start from (`gen_durable history ID`).
+        #[arg(long)]
+        entry: i64,
     },
     /// Pause a queue on every node: no node claims its rows until `resume` (rows
     /// already claimed finish their step).

@@ -133,6 +133,11 @@ impl From<Error> for CliError {
             | Error::PayloadTooLarge { .. }
             | Error::InvalidInput { .. }
             | Error::UnknownStep { .. } => CliError::new(Kind::Usage, message),
+            Error::UnknownEntry { id, .. } => CliError::new(Kind::NotFound, message)
+                .hint(format!("`gen_durable history {id}` lists its entries")),
+            Error::EntryWithoutState { .. } | Error::InvalidState(_) => {
+                CliError::new(Kind::Usage, message)
+            }
             Error::UnknownSteps { .. } => CliError::new(Kind::Usage, message).hint(
                 "a node announces the steps of the FSM versions it runs: start one that runs \
                  this version, or run `restart` from your own binary (whose `main` calls \

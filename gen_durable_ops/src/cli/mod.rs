@@ -145,7 +145,10 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         Command::Retry { id: None, filter } => {
             operator::retry_where(&pool, &filter.filter(), filter.dry_run).await
         }
-        Command::Restart { id, step } => operator::restart(&pool, id, &step).await,
+        Command::Restart { id, step, entry } => {
+            operator::restart(&pool, id, step.as_deref(), entry).await
+        }
+        Command::Fork { id, entry } => operator::fork(&pool, id, entry).await,
         Command::Pause { queue, reason } => operator::pause(&pool, &queue, reason.as_deref()).await,
         Command::Resume { queue } => operator::resume(&pool, &queue).await,
         Command::Dashboard { listen, .. } => {

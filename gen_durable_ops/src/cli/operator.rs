@@ -4,8 +4,9 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use super::args::format_age;
+use super::error::Kind;
 use super::{CliError, Output};
-use gen_durable::{BulkReport, Client, Filter};
+use gen_durable::{BulkReport, Client, Error, Filter};
 
 pub(crate) async fn pause(
     pool: &PgPool,
@@ -38,11 +39,53 @@ pub(crate) async fn resume(pool: &PgPool, queue: &str) -> Result<Output, CliErro
     })
 }
 
-pub(crate) async fn restart(pool: &PgPool, id: i64, step: &str) -> Result<Output, CliError> {
-    super::connect::operator(pool).restart(id, step).await?;
+pub(crate) async fn restart(
+    pool: &PgPool,
+    id: i64,
+    step: Option<&str>,
+    entry: Option<i64>,
+) -> Result<Output, CliError> {
+    let gd = super::connect::operator(pool);
+    match (step, entry) {
+        (_, Some(entry)) => {
+            gd.restart_from(id, entry).await?;
+            Ok(Output {
+                json: json!({ "id": id, "restarted": true, "entry": entry }),
+                text: format!(
+                    "instance {id} is runnable now at the step of entry {entry}, in the state it began with (attempt 0)\n"
+                ),
+            })
+        }
+        (step, None) => {
+            let step = step.unwrap_or_default();
+            gd.restart(id, step).await?;
+            Ok(Output {
+                json: json!({ "id": id, "restarted": true, "step": step }),
+                text: format!("instance {id} is runnable now at step {step:?} (attempt 0)\n"),
+            })
+        }
+    }
+}
+
+pub(crate) async fn fork(pool: &PgPool, id: i64, entry: i64) -> Result<Output, CliError> {
+    let fork = super::connect::operator(pool)
+        .fork(id, entry)
+        .await
+        .map_err(|e| match e {
+            Error::UnknownFsm { .. } | Error::UnknownVersion { .. } => {
+                CliError::new(Kind::Usage, e.to_string()).hint(
+                    "a fork is checked against the FSM's code (its steps, state and rate \
+                     limits): run fork from a binary of your own that links it (its main \
+                     calls gen_durable_ops::main())",
+                )
+            }
+            e => e.into(),
+        })?;
     Ok(Output {
-        json: json!({ "id": id, "restarted": true, "step": step }),
-        text: format!("instance {id} is runnable now at step {step:?} (attempt 0)\n"),
+        json: json!({ "id": fork, "forked_from": id, "entry": entry }),
+        text: format!(
+            "started instance {fork} from entry {entry} of instance {id} (the original is not touched)\n"
+        ),
     })
 }
 

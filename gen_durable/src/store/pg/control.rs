@@ -203,6 +203,8 @@ pub(crate) async fn cancel_many(
 /// awaits one again — its inbox went with the failure — unless one is in; else it is
 /// runnable.
 ///
+/// A restart from a history entry also takes that entry's state (`$6`, the entry `$7`).
+///
 /// A restart (`$3` the step) takes any instance that is not executing, has no live
 /// children and is still at the FSM version `$4` its step was checked against (a bulk
 /// instance migration may have moved it since) — failed, done, runnable or parked — and
@@ -269,6 +271,7 @@ WITH locked AS MATERIALIZED (
                           THEN 'awaiting_signal'
                           ELSE 'runnable' END)::gd_status,
            step = coalesce($3::text, i.step),
+           state = coalesce($6::jsonb, i.state),
            awaits = CASE WHEN $3::text IS NULL THEN i.awaits ELSE '{}' END,
            result = CASE WHEN $3::text IS NULL THEN i.result END,
            children_pending = j.live,
@@ -282,10 +285,11 @@ WITH locked AS MATERIALIZED (
     RETURNING i.id, i.queue, i.status, j.step AS was_step, i.step
 ), told AS (
     -- In the history, at every level, with who did it (`$5`, else the role).
-    INSERT INTO gd_history (instance_id, at, kind, step, attempt, next_step, actor)
+    INSERT INTO gd_history (instance_id, at, kind, step, attempt, next_step, actor, detail)
     SELECT r.id, coalesce($2, now()),
            CASE WHEN $3::text IS NULL THEN 'retried' ELSE 'restarted' END, r.was_step, 1,
-           CASE WHEN $3::text IS NOT NULL THEN r.step END, coalesce($5::text, session_user)
+           CASE WHEN $3::text IS NOT NULL THEN r.step END, coalesce($5::text, session_user),
+           CASE WHEN $7::int8 IS NOT NULL THEN format('with the state of entry %s', $7) END
       FROM retried r
 ), rearmed AS (
     UPDATE gd_instances p
@@ -332,9 +336,21 @@ pub(crate) enum Reruns {
 /// Retries (`step` `None`) or restarts at `step` (checked against FSM version
 /// `version`) instances `ids` in one statement, for `actor`.
 pub(crate) async fn rerun(
+    conn: On<&mut PgConnection>,
+    ids: &[i64],
+    step: Option<(&str, i32)>,
+    actor: Option<&str>,
+    now: Option<DateTime<Utc>>,
+) -> Result<Reruns> {
+    rerun_from(conn, ids, step, None, actor, now).await
+}
+
+/// [`rerun`], a restart taking the state of history entry `from` (its id and state).
+pub(crate) async fn rerun_from(
     mut conn: On<&mut PgConnection>,
     ids: &[i64],
     step: Option<(&str, i32)>,
+    from: Option<(i64, &serde_json::Value)>,
     actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Reruns> {
@@ -344,6 +360,8 @@ pub(crate) async fn rerun(
         .bind(step.map(|(s, _)| s))
         .bind(step.map(|(_, v)| v))
         .bind(actor)
+        .bind(from.map(|(_, state)| sqlx::types::Json(state)))
+        .bind(from.map(|(entry, _)| entry))
         .fetch_all(conn.again())
         .await;
     match found {
@@ -372,17 +390,18 @@ pub(crate) async fn retry(
 }
 
 /// Restarts instance `id` at `step`, checked by the caller against FSM version
-/// `version`, for `actor`.
+/// `version`, for `actor`; with `from`, in the state of that history entry.
 pub(crate) async fn restart(
     conn: On<&mut PgConnection>,
     id: i64,
     step: &str,
     version: i32,
+    from: Option<(i64, &serde_json::Value)>,
     actor: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<RestartFound> {
     Ok(
-        match rerun(conn, &[id], Some((step, version)), actor, now).await? {
+        match rerun_from(conn, &[id], Some((step, version)), from, actor, now).await? {
             Reruns::KeyTaken => RestartFound::KeyTaken,
             Reruns::Found(rows) => match rows.first() {
                 None => RestartFound::NotFound,
@@ -451,7 +470,7 @@ mod tests {
         .unwrap();
         let mut conn = db.pool().acquire().await.unwrap();
         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None, None)
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 1, None, None, None)
             .await
             .unwrap();
         assert_eq!(found, RestartFound::VersionChanged { from: 1, to: 2 });
@@ -462,7 +481,7 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!((status.as_str(), step.as_str()), ("done", "b"));
-        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None, None)
+        let found = restart(Pooler::None.on(&mut *tx), id, "a", 2, None, None, None)
             .await
             .unwrap();
         assert_eq!(found, RestartFound::Restarted);
