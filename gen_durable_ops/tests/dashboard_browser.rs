@@ -4,8 +4,8 @@
 //! operator token (the row unchanged) and done with it (the row cancelled). Each page is
 //! screenshot (a PNG must come back); with `GD_SCREENSHOTS=1` the PNGs are saved as
 //! docs/dashboard/<page>.png, which the README shows: overview, instances, instance (a
-//! parked one, as an operator sees it), instance-tree (a parent), fsms, limits (gates and
-//! buckets).
+//! parked one, as an operator sees it), instance-timeline (its history), instance-tree (a
+//! parent), fsms, limits (gates and buckets).
 //!
 //! Needs `chromedriver` and `chromium` (Debian: `apt-get install chromium chromium-driver`;
 //! `.ci/run` installs them and sets `GD_REQUIRE_BROWSER=1`). Without them the test says so
@@ -120,6 +120,11 @@ async fn serve(pool: sqlx::PgPool) -> String {
 async fn screenshot(c: &Client, page: &str) {
     let png = c.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "{page}: not a PNG");
+    save(page, png);
+}
+
+/// With `GD_SCREENSHOTS=1`, saves `png` as docs/dashboard/<page>.png.
+fn save(page: &str, png: Vec<u8>) {
     if std::env::var_os("GD_SCREENSHOTS").is_none() {
         return;
     }
@@ -382,6 +387,53 @@ async fn every_page_in_a_real_browser() {
         .unwrap();
     assert!(c.find(Locator::Id("signal")).await.is_ok());
     screenshot(&c, "instance").await;
+    // Its timeline: a bar per entry, laid out on one axis (a later entry further right),
+    // the await's wait running on to now; an entry opens to its state and, for an
+    // operator, the forms that start again from it.
+    let bars = c.find_all(Locator::Css("#timeline .tl")).await.unwrap();
+    assert_eq!(bars.len(), 5);
+    let left = |css: &'static str| {
+        let c = c.clone();
+        async move {
+            c.execute(
+                "return document.querySelector(arguments[0]).getBoundingClientRect().left",
+                vec![json!(css)],
+            )
+            .await
+            .unwrap()
+            .as_f64()
+            .unwrap()
+        }
+    };
+    let (first, last) = (
+        left("#timeline .tl:first-of-type .tl-bar").await,
+        left("#timeline .tl:last-of-type .tl-bar").await,
+    );
+    assert!(first < last, "bars on a time axis: {first} then {last}");
+    assert!(c.find(Locator::Css("#timeline .tl-wait")).await.is_ok());
+    let timeline = c.find(Locator::Id("timeline")).await.unwrap();
+    c.execute(
+        "arguments[0].scrollIntoView()",
+        vec![serde_json::to_value(&timeline).unwrap()],
+    )
+    .await
+    .unwrap();
+    let png = timeline.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "timeline: not a PNG");
+    save("instance-timeline", png);
+    c.find(Locator::Css("#timeline .tl:first-of-type summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(text(&c, "#timeline .tl:first-of-type .tl-state")
+        .await
+        .contains("\"order\": 42"));
+    assert!(c
+        .find(Locator::Css("#timeline .tl:first-of-type button.fork"))
+        .await
+        .is_ok());
     c.goto(&format!("{base}/instances/{}", s.runnable))
         .await
         .unwrap();

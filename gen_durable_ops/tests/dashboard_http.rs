@@ -395,7 +395,7 @@ async fn a_read_only_dashboard_refuses_every_action_and_changes_nothing() {
     let cookie = format!("gd_csrf={csrf}; gd_session=00");
     let mut paths = Vec::new();
     for id in [s.runnable, s.parked, s.failed, s.parent, 999_999_999] {
-        for action in ["cancel", "retry", "signal", "restart"] {
+        for action in ["cancel", "retry", "signal", "restart", "fork"] {
             paths.push(format!("/instances/{id}/{action}"));
         }
     }
@@ -682,6 +682,50 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
     assert!(
         page.contains("id=\"restart\""),
         "the restart form for an operator"
+    );
+
+    // From the timeline: restart from an entry takes its step and state; a fork needs the
+    // FSM's code, which this binary does not link, and is refused with nothing written.
+    let first: i64 = sqlx::query_scalar("SELECT min(entry) FROM gd_history WHERE instance_id = $1")
+        .bind(s.parked)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+    let page = get_as(&app, &format!("/instances/{}", s.parked), &jar).await;
+    assert!(
+        page.contains("class=\"fork\""),
+        "the fork form on the timeline"
+    );
+    let bad = act(
+        format!("/instances/{}/fork", s.parked),
+        format!("csrf={csrf}&entry=abc"),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let before = fingerprint(db.pool()).await;
+    let fork = act(
+        format!("/instances/{}/fork", s.parked),
+        format!("csrf={csrf}&entry={first}"),
+    )
+    .await;
+    assert_eq!(fork.status, StatusCode::CONFLICT, "{}", fork.body);
+    assert!(fork.body.contains("Checkout"), "{}", fork.body);
+    assert_eq!(fingerprint(db.pool()).await, before, "a refused fork wrote");
+    let back = act(
+        format!("/instances/{}/restart", s.parked),
+        format!("csrf={csrf}&entry={first}"),
+    )
+    .await;
+    assert_eq!(back.status, StatusCode::SEE_OTHER, "{}", back.body);
+    let (status, step, state): (String, String, serde_json::Value) =
+        sqlx::query_as("SELECT status::text, step, state FROM gd_instances WHERE id = $1")
+            .bind(s.parked)
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), step.as_str(), state),
+        ("runnable", "reserve", serde_json::json!({"order": 42}))
     );
 
     // Pause and resume.

@@ -3,7 +3,8 @@
 //! `cancel`, `retry` and `signal`. On a read-only dashboard every route answers 403
 //! before touching the database.
 //!
-//! Restart from a step, pause/resume and the bulk actions are in `operator`; their
+//! Restart (from a step or a history entry), fork, pause/resume and the bulk actions are
+//! in `operator`; their
 //! routes are here with the others, so a read-only dashboard refuses them alike.
 
 use axum::extract::{Path, State};
@@ -36,10 +37,11 @@ pub(crate) fn routes(read_only: bool) -> Router<AppState> {
         .route(ACTION_PATHS[4], post(operator::pause))
         .route(ACTION_PATHS[5], post(operator::resume))
         .route(ACTION_PATHS[6], post(operator::bulk))
+        .route(ACTION_PATHS[7], post(operator::fork))
 }
 
 /// The action routes, in `routes`' order.
-pub(crate) const ACTION_PATHS: [&str; 7] = [
+pub(crate) const ACTION_PATHS: [&str; 8] = [
     "/instances/{id}/cancel",
     "/instances/{id}/retry",
     "/instances/{id}/signal",
@@ -47,6 +49,7 @@ pub(crate) const ACTION_PATHS: [&str; 7] = [
     "/queues/{queue}/pause",
     "/queues/{queue}/resume",
     "/bulk",
+    "/instances/{id}/fork",
 ];
 
 async fn refuse() -> DashboardError {

@@ -1,6 +1,6 @@
 //! `/instances/{id}`: one instance — where it is (state, step, attempt, last error,
 //! awaits and deadline), its inbox, its parent, its children as a tree, the explain line,
-//! and, for a signed-in operator, the actions its status allows. The row, inbox and
+//! its history as a timeline, and, for a signed-in operator, the actions its status allows. The row, inbox and
 //! child counts are `inspect`'s statement; the tree is the dashboard's.
 
 use std::collections::BTreeMap;
@@ -16,6 +16,7 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::explain::explain_line;
 use super::layout::{self, Page};
+use super::timeline;
 use super::AppState;
 use crate::cli::table;
 use crate::store::admin;
@@ -74,6 +75,9 @@ pub(crate) async fn page(
         .ok_or(DashboardError::NotFound(id))?;
     let tree = dashboard::tree(&state.pool, id, TREE_DEPTH, TREE_LIMIT).await?;
     let explain = explain_line(&state.pool, id).await;
+    let history = gen_durable::Client::new(state.pool.clone())
+        .history(id, None, timeline::SHOWN)
+        .await?;
     let row = found.row.as_object().cloned().unwrap_or_default();
     let get = |k: &str| row.get(k).cloned().unwrap_or(Value::Null);
     let status = get("status").as_str().unwrap_or_default().to_string();
@@ -121,6 +125,8 @@ pub(crate) async fn page(
         }
         h2 { "State" }
         pre id="state" { (pretty(&get("state"))) }
+        h2 { "Timeline" }
+        (timeline::timeline(id, &history.entries, history.next.is_some(), chrono::Utc::now(), operator.then_some(&csrf)))
         @if !get("result").is_null() {
             h2 { "Result" }
             pre id="result" { (pretty(&get("result"))) }
@@ -167,6 +173,8 @@ fn did_text(did: &str) -> &'static str {
         "cancelled" => "Cancelled: it and its live children failed with \"cancelled\" (a running step ends first).",
         "retried" => "Retried: runnable again at the step it failed in.",
         "signalled" => "Signal delivered.",
+        "forked" => "Forked: this instance started from a past step of another (its timeline says which).",
+        "restarted" => "Restarted: runnable now at the step asked for.",
         _ => "Done.",
     }
 }

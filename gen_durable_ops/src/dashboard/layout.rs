@@ -23,7 +23,16 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#eef1f4}\
 pre{background:#fff;border:1px solid #d8dde3;padding:8px;max-width:1000px;overflow:auto}\
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}dd{margin:0}\
 ul.tree{list-style:none;padding-left:18px;border-left:1px dotted #9aa5b1}\
-form.filters input,form.filters select{margin-right:8px}.actions form{display:inline-block;margin-right:12px}";
+form.filters input,form.filters select{margin-right:8px}.actions form{display:inline-block;margin-right:12px}\
+.tl{display:grid;grid-template-columns:minmax(220px,28%) 1fr;gap:0 8px;align-items:center;max-width:1100px}\
+.tl-label{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.tl-step{font-weight:600}\
+.tl-kind{font-size:12px;padding:0 5px;border-radius:6px;color:#fff}\
+.tl-track{position:relative;height:14px;background:#fff;border:1px solid #e3e7ec}\
+.tl-bar,.tl-wait{position:absolute;top:0;bottom:0}.tl-bar{min-width:2px}\
+.tl-wait{border-top:2px dashed #7a5cc7;top:6px;bottom:auto}\
+.k-ok{background:#3c9d5d}.k-bad{background:#d0453a}.k-await{background:#7a5cc7}.k-kids{background:#2f7fd0}.k-op{background:#5b6570}\
+.tl-more{grid-column:1/3;margin:0 0 4px 0}.tl-more summary{font-size:12px;color:#5b6570;cursor:pointer}\
+.tl-more dl{margin:4px 0}.tl-state{max-height:240px}";
 
 /// One page: its title and body inside the shell.
 #[derive(Debug)]

@@ -56,6 +56,7 @@ mod overview;
 mod session;
 mod signin;
 mod throttle;
+mod timeline;
 
 use std::sync::Arc;
 use std::time::Duration;

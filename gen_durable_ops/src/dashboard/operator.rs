@@ -1,5 +1,5 @@
 //! The operator actions beyond one instance's cancel, retry and signal: restart from a
-//! named step, pause and resume a queue, and cancel or retry every instance a filter
+//! named step or a history entry, fork from a history entry, pause and resume a queue, and cancel or retry every instance a filter
 //! matches — each through the library's `Client`, as the CLI does them. Authorized like
 //! every action (`auth::authorize`: token, then CSRF); a bulk action can be previewed
 //! (a dry run: the count, nothing written) before it is confirmed.
@@ -19,13 +19,32 @@ use super::overview::urlencode;
 use super::AppState;
 use gen_durable::{Filter, Status};
 
-/// The restart form.
+/// The restart form: a step, or a history entry to start again from (its step and the
+/// state it began with).
 #[derive(Debug, Deserialize)]
 pub(crate) struct RestartForm {
     #[serde(default)]
     csrf: String,
     #[serde(default)]
     step: String,
+    #[serde(default)]
+    entry: String,
+}
+
+/// The fork form: the history entry to start a new instance from.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ForkForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    entry: String,
+}
+
+/// A form's history entry.
+fn entry_of(raw: &str) -> Result<i64, DashboardError> {
+    raw.trim().parse().map_err(|_| {
+        DashboardError::BadRequest(format!("entry {raw:?} is not a history entry's id"))
+    })
 }
 
 pub(crate) async fn restart(
@@ -34,11 +53,26 @@ pub(crate) async fn restart(
     headers: HeaderMap,
     Form(form): Form<RestartForm>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?
-        .restart(id, form.step.trim())
-        .await
-        .map_err(refused)?;
+    let gd = authorize(&state, &headers, &form.csrf)?;
+    if form.entry.trim().is_empty() {
+        gd.restart(id, form.step.trim()).await
+    } else {
+        gd.restart_from(id, entry_of(&form.entry)?).await
+    }
+    .map_err(refused)?;
     Ok(back_to(id, "restarted"))
+}
+
+/// Forks instance `id` from a history entry; shows the new instance.
+pub(crate) async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Form(form): Form<ForkForm>,
+) -> Result<Response, DashboardError> {
+    let gd = authorize(&state, &headers, &form.csrf)?;
+    let fork = gd.fork(id, entry_of(&form.entry)?).await.map_err(refused)?;
+    Ok(back_to(fork, "forked"))
 }
 
 /// The pause form (resume needs only the CSRF token).

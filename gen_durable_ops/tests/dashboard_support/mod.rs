@@ -1,5 +1,5 @@
 //! What the dashboard tests share: a database seeded with an instance in every status, a
-//! parent with a tree of children, a parked instance with an inbox, a node, a paused
+//! parent with a tree of children, a parked instance with an inbox and a history, a node, a paused
 //! queue and a finished history for the chart; and a fingerprint of every row, to prove
 //! a refused action changed nothing.
 #![allow(dead_code)]
@@ -14,7 +14,7 @@ pub(crate) struct Seeded {
     pub(crate) runnable: i64,
     pub(crate) executing: i64,
     /// Awaiting `payment_confirmed` (deadline in an hour), an unrelated signal in its inbox,
-    /// correlation key `order:42`.
+    /// correlation key `order:42`; five history entries (the first holds a state).
     pub(crate) parked: i64,
     pub(crate) failed: i64,
     /// Awaiting its children: `child_done` (done) and `child_mid` (itself awaiting its
@@ -99,6 +99,26 @@ pub(crate) async fn seed(pool: &PgPool) -> Seeded {
     sqlx::query(
         "INSERT INTO gd_signals (target_id, name, payload, dedup_key)
          VALUES ($1, 'address_changed', '{\"city\": \"Lyon\"}', 'evt-1')",
+    )
+    .bind(parked)
+    .execute(pool)
+    .await
+    .unwrap();
+    // Its history: a step, a retry, a lost lease, the step again, the await it parks in.
+    sqlx::query(
+        "INSERT INTO gd_history (instance_id, at, kind, step, attempt, started_at, next_step,
+                                 node, error, state)
+         VALUES
+           ($1, now() - interval '61.9 s', 'next', 'reserve', 1, now() - interval '62 s',
+            'charge', 'node-a', NULL, '{\"order\": 42}'),
+           ($1, now() - interval '59 s', 'retry', 'charge', 1, now() - interval '61.5 s',
+            NULL, 'node-a', 'card declined', '{\"order\": 42, \"reserved\": true}'),
+           ($1, now() - interval '45 s', 'lease_lost', 'charge', 2, NULL, NULL, 'node-b',
+            'lease lost on node-b (batch 17); retrying', NULL),
+           ($1, now() - interval '39 s', 'next', 'charge', 3, now() - interval '41 s',
+            'request_payment', 'node-a', NULL, '{\"order\": 42, \"reserved\": true}'),
+           ($1, now() - interval '30 s', 'await', 'request_payment', 1, now() - interval '31 s',
+            'ship', 'node-a', NULL, '{\"order\": 42, \"charged\": 1200}')",
     )
     .bind(parked)
     .execute(pool)
