@@ -67,5 +67,5 @@ pub use drain::{drain, fire_timeouts, Drain, DrainError, DEFAULT_DRAIN_STEPS};
 pub use instance::Instance;
 pub use kit::{epoch, TestKit, DEFAULT_MAX_STEPS};
 pub use pg::TestDb;
-pub use store::{KIT_LEASE, KIT_NODE};
+pub use store::{KIT_ACTOR, KIT_LEASE, KIT_NODE};
 pub use tally::Tally;

@@ -92,7 +92,7 @@ macro_rules! test_fsm {
     ($name:ident, state = $state:ty, queue = $queue:expr, version = $ver:expr,
      { $($variant:ident => $sname:literal |$ctx:ident| $body:block),+ $(,)? }
      $(, handle |$err:ident, $hctx:ident| $hbody:block)? $(, max_reaps = $mr:expr)?
-     $(, rates |$rstep:ident, $rstate:ident| $rbody:block)?) => {
+     $(, rates |$rstep:ident, $rstate:ident| $rbody:block)? $(, history = $hist:expr)?) => {
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum $name { $($variant),+ }
         impl ::gen_durable::Fsm for $name {
@@ -101,6 +101,7 @@ macro_rules! test_fsm {
             const VERSION: i32 = $ver;
             const QUEUE: &'static str = $queue;
             $(const MAX_REAPS: i32 = $mr;)?
+            $(const HISTORY: ::gen_durable::HistoryLevel = $hist;)?
             const STEPS: &'static [&'static str] = &[$($sname),+];
             fn initial() -> Self { [$($name::$variant),+][0] }
             fn step_name(self) -> &'static str { match self { $($name::$variant => $sname),+ } }

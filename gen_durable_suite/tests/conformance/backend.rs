@@ -64,6 +64,9 @@ pub fn mailer(tag: &str) -> Mailer {
         .unwrap_or_else(|| panic!("no mailer for {tag}"))
 }
 
+/// Who both backends' operator actions are recorded as.
+pub const ACTOR: &str = "conformance";
+
 /// What a scenario can do, on either backend.
 #[allow(async_fn_in_trait)]
 pub trait Backend {
@@ -93,6 +96,12 @@ pub trait Backend {
     async fn retry(&mut self, id: i64) -> Result<()>;
     /// `Client::restart` / `TestKit::restart`.
     async fn restart(&mut self, id: i64, step: &str) -> Result<()>;
+    /// `Client::history` / `TestKit::history`: every entry of `id`, oldest first.
+    async fn history(&mut self, id: i64) -> Vec<gen_durable::HistoryEntry>;
+    /// `Client::fork` / `TestKit::fork`.
+    async fn fork(&mut self, id: i64, entry: i64) -> Result<i64>;
+    /// `Client::restart_from` / `TestKit::restart_from`.
+    async fn restart_from(&mut self, id: i64, entry: i64) -> Result<()>;
     /// `set_gate`: true if the gate is new or its limit changed.
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool>;
     /// `set_rate_limit`: true if the limit is new or changed.
@@ -188,6 +197,7 @@ impl Kit {
     pub fn new(scenario: &str) -> Kit {
         let kit = TestKit::new()
             .with_registry(crate::fsms::registry())
+            .with_actor(ACTOR)
             .with_max_steps(2_000);
         let tag = format!("kit:{scenario}");
         MAILERS
@@ -249,6 +259,15 @@ impl Backend for Kit {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.kit.restart(id, step).await
+    }
+    async fn history(&mut self, id: i64) -> Vec<gen_durable::HistoryEntry> {
+        self.kit.entries(id)
+    }
+    async fn fork(&mut self, id: i64, entry: i64) -> Result<i64> {
+        self.kit.fork(id, entry).await
+    }
+    async fn restart_from(&mut self, id: i64, entry: i64) -> Result<()> {
+        self.kit.restart_from(id, entry).await
     }
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
         self.kit.set_gate(name, gate).await
@@ -346,6 +365,7 @@ impl Pg {
         let client = Client::new(db.pool().clone())
             .with_pooler(db.pooler())
             .with_clock(clock.clone())
+            .with_actor(ACTOR)
             .with_registry(crate::fsms::registry());
         let tag = format!("pg:{scenario}");
         MAILERS
@@ -497,6 +517,28 @@ impl Backend for Pg {
     }
     async fn restart(&mut self, id: i64, step: &str) -> Result<()> {
         self.client.restart(id, step).await
+    }
+    async fn history(&mut self, id: i64) -> Vec<gen_durable::HistoryEntry> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .client
+                .history(id, after, gen_durable::HISTORY_PAGE_MAX)
+                .await
+                .unwrap();
+            all.extend(page.entries);
+            match page.next {
+                Some(n) => after = Some(n),
+                None => return all,
+            }
+        }
+    }
+    async fn fork(&mut self, id: i64, entry: i64) -> Result<i64> {
+        self.client.fork(id, entry).await
+    }
+    async fn restart_from(&mut self, id: i64, entry: i64) -> Result<()> {
+        self.client.restart_from(id, entry).await
     }
     async fn set_gate(&mut self, name: &str, gate: gen_durable::Gate) -> Result<bool> {
         self.client.set_gate(name, gate).await

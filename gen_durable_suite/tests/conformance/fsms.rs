@@ -291,9 +291,26 @@ async fn step_in_partition(id: i64, tag: &str, step: &str) {
     }
 }
 
+// The entries of a history at level full: a next, a retry with its error, an await and
+// the next that consumes its signal, a done.
+test_fsm!(Journey, state = S, queue = "conf", version = 1, {
+    A => "a" |ctx| { ctx.state.n += 1; Ok(Step::next(Journey::B)) },
+    B => "b" |ctx| {
+        if ctx.attempt() == 0 {
+            return Ok(Step::replay(Duration::ZERO).with_error("flaky"));
+        }
+        ctx.state.n += 10;
+        Ok(Step::next(Journey::C))
+    },
+    C => "c" |_ctx| { Ok(Step::await_signal(["go"], Journey::D)) },
+    D => "d" |ctx| { ctx.state.n += 100; Ok(Step::next(Journey::E)) },
+    E => "e" |ctx| { Ok(Step::done(json!({ "total": ctx.state.n }))) },
+}, history = gen_durable::HistoryLevel::Full);
+
 pub fn registry() -> Registry {
     let mut r = Registry::new();
     r.register::<Counter>();
+    r.register::<Journey>();
     r.register::<Replayer>();
     r.register::<Waiter>();
     r.register::<Failing>();

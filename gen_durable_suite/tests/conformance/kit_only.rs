@@ -112,6 +112,31 @@ async fn a_runaway_loop_panics_naming_the_instance() {
     assert!(err.contains(&format!("{id}:spin->next")), "{err}");
 }
 
+/// `assert_steps` reads the history: the steps that committed an outcome, a retried step
+/// once; it names what it found when they differ. Without an actor, the kit's actions are
+/// recorded as `testkit`.
+#[tokio::test]
+async fn assert_steps_reads_the_steps_from_the_history() {
+    let mut kit = kit();
+    let id = kit.insert::<Journey>(S::default()).await.unwrap();
+    kit.run_until_idle().await;
+    kit.assert_steps(id, ["a", "b", "c"]);
+    kit.signal(id, "go", json!({})).await.unwrap();
+    kit.run_until_idle().await;
+    kit.assert_steps(id, ["a", "b", "c", "d", "e"]);
+    assert_eq!(kit.entries(id).len(), 6, "the retry of b is an entry too");
+    let err = std::panic::catch_unwind(AssertUnwindSafe(|| kit.assert_steps(id, ["a", "e"])))
+        .expect_err("a wrong list panics");
+    let err = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        err.contains(&format!("the steps instance {id} committed")),
+        "{err}"
+    );
+    kit.restart(id, "a").await.unwrap();
+    let last = kit.entries(id).pop().unwrap();
+    assert_eq!(last.actor.as_deref(), Some(gen_durable_testkit::KIT_ACTOR));
+}
+
 #[tokio::test]
 async fn a_due_instance_of_an_unknown_fsm_panics_with_the_fix() {
     let mut kit = kit();

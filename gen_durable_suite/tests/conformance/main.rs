@@ -17,6 +17,7 @@ mod children;
 mod explain;
 mod fsms;
 mod gates;
+mod history;
 mod keys;
 mod kit_only;
 mod migrations;
@@ -60,6 +61,11 @@ macro_rules! conformance {
 }
 
 conformance! {
+    history::every_committed_step_is_the_same_entry_on_both_engines,
+    history::a_lost_lease_shows_in_the_history,
+    history::operator_actions_are_entries_with_their_actor,
+    history::a_fork_from_a_past_step_runs_to_the_end_and_the_original_is_untouched,
+    history::a_fork_or_restart_from_a_bad_entry_is_refused_and_writes_nothing,
     gates::a_gate_of_two_runs_every_row_and_never_three_steps_of_one_key,
     gates::an_undeclared_gate_is_refused_and_nothing_is_written,
     gates::declaring_a_gate_is_idempotent_and_a_new_limit_replaces_the_old,

@@ -50,7 +50,7 @@ impl TestKit {
                 None,
             ),
         };
-        ready(checked.and_then(|()| self.store.restart(id, step, now).answer(id)))
+        ready(checked.and_then(|()| self.store.restart(id, step, None, now).answer(id)))
     }
 
     /// Cancels every live instance `filter` matches, like `Client::cancel_where`: each as

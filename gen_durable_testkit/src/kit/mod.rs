@@ -9,6 +9,7 @@
 //! - `control.rs`: the operator actions (`cancel`, `retry`, `restart`, the bulk ones,
 //!   pauses, `migrate_instances`) and the simulated workers (`claim`, `lose_lease`);
 //! - `reads.rs`: `wait`, `explain`, the events, the snapshots and the assertions on them;
+//! - `history.rs`: `history`, `fork` and `restart_from` a past step, `assert_steps`;
 //! - `run.rs`: `run_until_idle` — schedules fired, steps picked, run and committed.
 //!
 //! Its tables are the kit's store (`crate::store`), whose files mirror
@@ -27,6 +28,7 @@ use crate::store::schedule::{self, KitSchedule};
 use crate::store::Store;
 
 mod control;
+mod history;
 mod insert;
 mod reads;
 mod run;

@@ -6,10 +6,12 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use gen_durable::backend::{StepInput, StepOutput};
-use gen_durable::{Event, FsmEntry, OutcomeKind, Status};
+use gen_durable::{Event, FsmEntry, HistoryKind, OutcomeKind, Status};
 
 use super::TestKit;
+use crate::store::history::Extra;
 use crate::store::schedule::KitSchedule;
+use crate::store::KIT_NODE;
 use crate::tally::Tally;
 
 impl TestKit {
@@ -107,7 +109,7 @@ impl TestKit {
         let output = entry.run(input).await;
         self.deliver_deferred();
         let kind = output.outcome.kind();
-        self.store.apply(id, &output, now);
+        self.store.apply(id, &output, entry.history, now);
         self.events.push(Event::StepStop {
             duration: output.duration,
             id,
@@ -139,7 +141,23 @@ impl TestKit {
         let fsm = entry.name;
         match migrated {
             Ok(m) => {
-                (row.version, row.state, row.step) = (m.version, m.state, m.step.to_string());
+                let was = std::mem::replace(&mut row.step, m.step.to_string());
+                (row.version, row.state) = (m.version, m.state);
+                let attempt = row.attempt + 1;
+                // The engine's MIGRATE_CLAIMED records it, with the node that did it.
+                self.store.note(
+                    id,
+                    now,
+                    HistoryKind::Migrated,
+                    &was,
+                    attempt,
+                    Extra {
+                        next_step: Some(m.step.to_string()),
+                        node: Some(KIT_NODE.to_string()),
+                        detail: Some(format!("from version {from} to {to}")),
+                        ..Extra::default()
+                    },
+                );
                 self.events
                     .push(Event::InstanceMigrated { id, fsm, from, to });
                 Some(entry)
@@ -153,7 +171,7 @@ impl TestKit {
                     error: error.clone(),
                 });
                 let output = StepOutput::migration_failed(row.state.clone(), error, row.attempt);
-                self.store.apply(id, &output, now);
+                self.store.apply(id, &output, entry.history, now);
                 None
             }
         }

@@ -4,8 +4,10 @@
 
 use chrono::{DateTime, Utc};
 use gen_durable::backend::{CancelFound, RestartFound, RetryFound};
-use gen_durable::Status;
+use gen_durable::{HistoryKind, Status};
+use serde_json::Value;
 
+use super::history::Extra;
 use super::{guard, Store};
 
 impl Store {
@@ -48,11 +50,23 @@ impl Store {
                 row.last_error = Some("cancelled".to_string());
                 row.await_deadline = None;
                 row.updated_at = now;
-                failed.push((t, row.parent_id));
+                failed.push((t, row.parent_id, row.step.clone(), row.attempt + 1));
             }
         }
-        for &(t, parent) in &failed {
-            self.finished(t, parent, now);
+        for (t, parent, step, attempt) in &failed {
+            self.finished(*t, *parent, now);
+            self.note(
+                *t,
+                now,
+                HistoryKind::Cancelled,
+                step,
+                *attempt,
+                Extra {
+                    error: Some("cancelled".to_string()),
+                    by_operator: true,
+                    ..Extra::default()
+                },
+            );
         }
         CancelFound::Cancelled {
             failed: failed.len(),
@@ -108,6 +122,7 @@ impl Store {
             }
         }
         let row = self.rows.get_mut(&id).expect("checked above");
+        let step = row.step.clone();
         row.status = status;
         row.rate_paid = false;
         row.attempt = 0;
@@ -120,6 +135,17 @@ impl Store {
             p.children_pending += 1;
             p.updated_at = now;
         }
+        self.note(
+            id,
+            now,
+            HistoryKind::Retried,
+            &step,
+            1,
+            Extra {
+                by_operator: true,
+                ..Extra::default()
+            },
+        );
         RetryFound::Retried
     }
 
@@ -128,7 +154,16 @@ impl Store {
     /// deadline, no result, inbox kept. A finished child is taken back only while its
     /// parent awaits its children, and re-arms it. `KeyTaken` if it comes back into its
     /// key's scope while another row holds the key.
-    pub(crate) fn restart(&mut self, id: i64, step: &str, now: DateTime<Utc>) -> RestartFound {
+    ///
+    /// With `from` (a history entry's id and state), it also takes that state, and its
+    /// entry says so.
+    pub(crate) fn restart(
+        &mut self,
+        id: i64,
+        step: &str,
+        from: Option<(i64, &Value)>,
+        now: DateTime<Utc>,
+    ) -> RestartFound {
         let Some(row) = self.rows.get(&id) else {
             return RestartFound::NotFound;
         };
@@ -163,7 +198,10 @@ impl Store {
             self.refund(id);
         }
         let row = self.rows.get_mut(&id).expect("checked above");
-        row.step = step.to_string();
+        let was = std::mem::replace(&mut row.step, step.to_string());
+        if let Some((_, state)) = from {
+            row.state = state.clone();
+        }
         row.status = Status::Runnable;
         row.attempt = 0;
         row.reaps = 0;
@@ -177,6 +215,19 @@ impl Store {
             p.children_pending += 1;
             p.updated_at = now;
         }
+        self.note(
+            id,
+            now,
+            HistoryKind::Restarted,
+            &was,
+            1,
+            Extra {
+                next_step: Some(step.to_string()),
+                by_operator: true,
+                detail: from.map(|(entry, _)| format!("with the state of entry {entry}")),
+                ..Extra::default()
+            },
+        );
         RestartFound::Restarted
     }
 }

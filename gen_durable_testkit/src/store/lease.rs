@@ -2,9 +2,10 @@
 //! and await deadlines that have passed (EXPIRE_AWAITS).
 
 use chrono::{DateTime, Utc};
-use gen_durable::Status;
+use gen_durable::{HistoryKind, Status};
 
-use super::Store;
+use super::history::Extra;
+use super::{Store, KIT_NODE};
 
 impl Store {
     /// EXPIRE_AWAITS: parked rows past their deadline become runnable at their next
@@ -43,17 +44,38 @@ impl Store {
         row.attempt += 1;
         row.reaps += 1;
         row.eligible_at = now;
-        if row.reaps >= row.max_reaps {
+        let failed = row.reaps >= row.max_reaps;
+        if failed {
             row.status = Status::Failed;
             row.last_error = Some(format!(
                 "lease lost {} times (max_reaps = {}): the step at '{}' never committed an outcome",
                 row.reaps, row.max_reaps, row.step
             ));
-            let parent = row.parent_id;
-            self.finished(id, parent, now);
         } else {
             // The engine names the lost node and epoch; the kit has neither.
             row.last_error = Some("lease lost; retrying".to_string());
+        }
+        // The reaper's entry, at every history level.
+        let (step, attempt, error, parent) = (
+            row.step.clone(),
+            row.attempt,
+            row.last_error.clone(),
+            row.parent_id,
+        );
+        self.note(
+            id,
+            now,
+            HistoryKind::LeaseLost,
+            &step,
+            attempt,
+            Extra {
+                node: Some(KIT_NODE.to_string()),
+                error,
+                ..Extra::default()
+            },
+        );
+        if failed {
+            self.finished(id, parent, now);
         }
         true
     }

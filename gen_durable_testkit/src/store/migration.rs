@@ -7,8 +7,11 @@
 //! no row is ever locked or executing, and one pass over the rows by id is every batch.
 
 use chrono::{DateTime, Utc};
-use gen_durable::{BulkPass, MigrateOptions, MigrationReport, Registry, Result, Status};
+use gen_durable::{
+    BulkPass, HistoryKind, MigrateOptions, MigrationReport, Registry, Result, Status,
+};
 
+use super::history::Extra;
 use super::{Row, Store};
 
 impl Row {
@@ -88,8 +91,24 @@ impl Store {
         if !opts.dry_run {
             for (id, m) in moved {
                 let row = self.rows.get_mut(&id).expect("a movable row exists");
+                let (was, from) = (row.step.clone(), row.version);
+                let attempt = row.attempt + 1;
                 (row.version, row.state, row.step) = (m.version, m.state, m.step.into());
                 row.updated_at = now;
+                // APPLY_BATCH's entry, with who did it.
+                self.note(
+                    id,
+                    now,
+                    HistoryKind::Migrated,
+                    &was,
+                    attempt,
+                    Extra {
+                        next_step: Some(m.step.to_string()),
+                        by_operator: true,
+                        detail: Some(format!("from version {from} to {}", m.version)),
+                        ..Extra::default()
+                    },
+                );
             }
             for (id, error) in failed {
                 let row = self.rows.get_mut(&id).expect("a movable row exists");

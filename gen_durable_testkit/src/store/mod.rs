@@ -1,5 +1,5 @@
-//! The kit's tables in memory: `gd_instances`, `gd_signals`, the queue pauses, the gates
-//! and the rate limits with their buckets. Each operation mirrors one SQL statement of
+//! The kit's tables in memory: `gd_instances`, `gd_signals`, the queue pauses, the gates,
+//! the rate limits with their buckets, and the history. Each operation mirrors one SQL statement of
 //! `gen_durable::store::pg`, and sits in the file named like that statement's file
 //! (`claim.rs` holds the kit's CLAIM, `outcome.rs` its APPLY, …), so the kit and Postgres
 //! commit the same thing. Comments name the statement each function follows.
@@ -21,6 +21,7 @@ mod claim;
 mod control;
 mod explain;
 mod gate;
+pub(crate) mod history;
 mod insert;
 mod lease;
 mod migration;
@@ -32,6 +33,7 @@ mod signal;
 mod wait;
 
 pub use explain::{KIT_LEASE, KIT_NODE};
+pub use history::KIT_ACTOR;
 use rate_limit::Bucket;
 
 /// One row of `gd_instances`.
@@ -115,6 +117,11 @@ pub(crate) struct Store {
     rate_limits: BTreeMap<String, (f64, f64)>,
     /// `gd_buckets`, by (limit, key).
     buckets: BTreeMap<(String, String), Bucket>,
+    /// `gd_history`: each entry with its instance, in entry order.
+    history: Vec<(i64, gen_durable::HistoryEntry)>,
+    last_entry: i64,
+    /// Who the operator actions are recorded as (`TestKit::with_actor`).
+    pub(crate) actor: Option<String>,
 }
 
 fn after(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {

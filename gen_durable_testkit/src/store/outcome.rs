@@ -6,9 +6,10 @@
 use chrono::{DateTime, Utc};
 use gen_durable::backend::ConcurrencyKey;
 use gen_durable::backend::{refused, KeyChange, Outcome, StepOutput};
-use gen_durable::{Error, OutcomeKind, Status};
+use gen_durable::{Error, HistoryKind, HistoryLevel, OutcomeKind, Status};
 
-use super::{after, Store};
+use super::history::Extra;
+use super::{after, Store, KIT_NODE};
 
 impl Store {
     /// What the database refuses of an outcome: a child it would insert, or the gate or
@@ -31,12 +32,31 @@ impl Store {
     /// APPLY one outcome of the executing row `id`, exactly as the SQL does: children
     /// first (so the counter is what was inserted), then the row, then consumed signals,
     /// the inbox of a finished row, and the parent's fan-in.
-    pub(crate) fn apply(&mut self, id: i64, out: &StepOutput, now: DateTime<Utc>) {
+    ///
+    /// At a `level` other than off, the history gets the outcome's entry, as the commit's
+    /// `told` writes it: the step and attempt it ran, where it leads, its error, the
+    /// signals it consumed, its children, and at level full the state it began with. The
+    /// kit's steps take no virtual time: an entry starts when it commits.
+    pub(crate) fn apply(
+        &mut self,
+        id: i64,
+        out: &StepOutput,
+        level: HistoryLevel,
+        now: DateTime<Utc>,
+    ) {
         if let Some(e) = self.outcome_refusal(out) {
             let mut stop = StepOutput::stopped(refused(&e));
             stop.state = self.rows[&id].state.clone();
-            return self.apply(id, &stop, now);
+            return self.apply(id, &stop, level, now);
         }
+        let was = {
+            let row = &self.rows[&id];
+            (
+                row.step.clone(),
+                row.attempt,
+                (level == HistoryLevel::Full).then(|| row.state.clone()),
+            )
+        };
         let mut spawned = 0;
         if let Outcome::ScheduleChildren { children, .. } = &out.outcome {
             let rows = children.iter().cloned().map(|c| (c, Some(id))).collect();
@@ -123,10 +143,44 @@ impl Store {
         }
         let (status, parent) = (row.status, row.parent_id);
 
+        let mut consumed = Vec::new();
         if kind.progresses() {
             for sid in &out.awaited {
-                self.signals.remove(sid);
+                if self.signals.remove(sid).is_some() {
+                    consumed.push(*sid);
+                }
             }
+        }
+        if level != HistoryLevel::Off {
+            consumed.sort_unstable();
+            let (hkind, children) = match &out.outcome {
+                Outcome::Next { .. } => (HistoryKind::Next, None),
+                Outcome::Replay { .. } => (HistoryKind::Retry, None),
+                Outcome::Await { .. } => (HistoryKind::Await, None),
+                Outcome::ScheduleChildren { children, .. } => {
+                    (HistoryKind::Children, Some(children.len() as i32))
+                }
+                Outcome::Done { .. } => (HistoryKind::Done, None),
+                Outcome::Stop { .. } => (HistoryKind::Failed, None),
+            };
+            let (step_was, attempt, state) = was;
+            self.note(
+                id,
+                now,
+                hkind,
+                &step_was,
+                attempt + 1,
+                Extra {
+                    started_at: Some(now),
+                    next_step: step.map(str::to_string),
+                    node: Some(KIT_NODE.to_string()),
+                    error: out.error.clone(),
+                    signals: consumed,
+                    children,
+                    state,
+                    ..Extra::default()
+                },
+            );
         }
         if status.is_terminal() {
             self.finished(id, parent, now);
