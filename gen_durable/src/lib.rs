@@ -99,8 +99,8 @@ pub use model::answers::{Cancelled, Delivery};
 pub use model::clock::Clock;
 pub use model::error::{Error, Result};
 pub use model::explain::{
-    ChildState, Count, Explanation, Heartbeat, Holder, Reason, EXPLAIN_COUNT_LIMIT,
-    EXPLAIN_LIST_LIMIT,
+    ChildState, Count, Explanation, Heartbeat, Holder, Reason, Trouble, EXPLAIN_COUNT_LIMIT,
+    EXPLAIN_HISTORY_LIMIT, EXPLAIN_LIST_LIMIT,
 };
 pub use model::gate::{Gate, GateUse, LimitKey, MAX_GATE_SIZE};
 pub use model::history::{HistoryEntry, HistoryKind, HistoryLevel, HistoryPage};

@@ -224,8 +224,10 @@ pub async fn explain_backoff_names_the_attempt_and_the_time<B: Backend>(b: &mut 
     );
     assert_eq!(
         why.to_string(),
-        "in backoff after attempt 1 until 2030-01-01 00:00:10 UTC (in 10 s)"
+        "in backoff after attempt 1 until 2030-01-01 00:00:10 UTC (in 10 s); failed once at \"go\""
     );
+    let t = why.trouble.expect("the history cites the failed attempt");
+    assert_eq!((t.failures, t.leases_lost), (1, 0));
 }
 
 pub async fn explain_partition_blocked_names_the_holder<B: Backend>(b: &mut B) {

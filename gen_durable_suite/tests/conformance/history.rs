@@ -1,5 +1,6 @@
-//! The history on both engines: the same entries for the same steps, a lost lease, the
-//! operator's actions with their actor, and a fork from a past step that runs to the end.
+//! The history on both engines: the same entries for the same steps, a lost lease (which
+//! explain cites), the operator's actions with their actor, and a fork from a past step
+//! that runs to the end.
 
 use gen_durable::{Error, HistoryEntry, HistoryKind, Status};
 use serde_json::json;
@@ -103,6 +104,14 @@ pub async fn a_lost_lease_shows_in_the_history<B: Backend>(b: &mut B) {
         .unwrap();
     b.claim(id).await.unwrap();
     b.lose_lease(id).await.unwrap();
+    // Explain cites it.
+    let why = b.explain(id).await.unwrap();
+    let t = why.trouble.clone().expect("the lost lease is cited");
+    assert_eq!((t.step.as_str(), t.failures, t.leases_lost), ("a", 0, 1));
+    assert!(
+        why.to_string().ends_with("; lost its lease once there"),
+        "{why}"
+    );
     b.run().await;
     b.get(id).await.assert_done(json!({ "total": 111 }));
     let got = b.history(id).await;

@@ -140,6 +140,14 @@ impl Store {
             rate_wait: r.rate_limit.clone().filter(|_| r.rate_paid),
             nodes: None,
             rows_ahead: bounded(ahead),
+            recent: self
+                .history
+                .iter()
+                .rev()
+                .filter(|(i, _)| *i == id)
+                .take(gen_durable::EXPLAIN_HISTORY_LIMIT as usize)
+                .map(|(_, e)| (e.kind, e.step.clone(), e.error.clone()))
+                .collect(),
         })
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use serde_json::Value;
 
 use super::time::{at, count, relative};
-use super::{Explanation, Heartbeat, Reason};
+use super::{Explanation, Heartbeat, Reason, Trouble};
 
 /// The most characters of a result or an error a line shows.
 const SHOWN_CHARS: usize = 80;
@@ -14,6 +14,44 @@ impl fmt::Display for Explanation {
     /// One line: `awaiting signal "paid" until 2026-12-02 14:00:00 UTC (in 3 min); 1
     /// unrelated signal in the inbox: "shipped"`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.reason_line(f)?;
+        // A failed instance's line shows its error already: the history adds what the
+        // error does not say (earlier failures, lost leases).
+        let failed = matches!(self.reason, Reason::Failed { .. });
+        match &self.trouble {
+            Some(t) if !(failed && t.failures <= 1 && t.leases_lost == 0) => {
+                write!(f, "; {}", trouble(t, !failed))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What the history says of the step: `failed 3 times at "charge" (last: card declined),
+/// lost its lease once`.
+fn trouble(t: &Trouble, with_error: bool) -> String {
+    let times = |n: i64| match n {
+        1 => "once".to_string(),
+        2 => "twice".to_string(),
+        n => format!("{n} times"),
+    };
+    let mut parts = Vec::new();
+    if t.failures > 0 {
+        let mut p = format!("failed {} at {:?}", times(t.failures), t.step);
+        if let Some(e) = t.last_error.as_ref().filter(|_| with_error) {
+            p.push_str(&format!(" (last: {})", shorten(e)));
+        }
+        parts.push(p);
+    }
+    if t.leases_lost > 0 {
+        parts.push(format!("lost its lease {} there", times(t.leases_lost)));
+    }
+    parts.join(", ")
+}
+
+impl Explanation {
+    /// The reason's part of the line.
+    fn reason_line(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let now = self.at;
         match &self.reason {
             Reason::Done { result } => write!(f, "done: {}", shorten(&json(result))),
@@ -335,6 +373,9 @@ impl Explanation {
         if let Reason::Scheduled { at: t } | Reason::Backoff { until: t, .. } = &self.reason {
             out.push(format!("runs: {}", relative(*t, now)));
         }
+        if let Some(t) = &self.trouble {
+            out.push(format!("history: {}", trouble(t, true)));
+        }
         out
     }
 }
@@ -388,7 +429,48 @@ mod tests {
             attempt: 0,
             at: Utc.with_ymd_and_hms(2026, 12, 2, 13, 57, 0).unwrap(),
             reason,
+            trouble: None,
         }
+    }
+
+    /// The history's part: how often the current step failed and lost its lease since
+    /// the instance came to it, the newest error; nothing before that counts.
+    #[test]
+    fn the_line_cites_the_history_of_the_current_step() {
+        use crate::HistoryKind::*;
+        let e = |kind, step: &str, error: Option<&str>| {
+            (kind, step.to_string(), error.map(str::to_string))
+        };
+        // Newest first: two failures and a lost lease at `ship` since `pack` went on to it.
+        let recent = vec![
+            e(Retry, "ship", Some("carrier down")),
+            e(LeaseLost, "ship", Some("lease lost on n1")),
+            e(Retry, "ship", Some("timeout")),
+            e(Next, "pack", None),
+            e(Retry, "pack", Some("older, not counted")),
+        ];
+        let t = Trouble::of("ship", &recent).unwrap();
+        assert_eq!((t.failures, t.leases_lost), (2, 1));
+        let mut x = explanation(Reason::Runnable {
+            rows_ahead: Count::bounded(0),
+        });
+        x.trouble = Some(t);
+        assert!(
+            x.to_string().ends_with(
+                "; failed twice at \"ship\" (last: carrier down), lost its lease once there"
+            ),
+            "{x}"
+        );
+        assert!(x
+            .evidence()
+            .last()
+            .unwrap()
+            .starts_with("history: failed twice"));
+        assert_eq!(
+            Trouble::of("ship", &recent[3..]),
+            None,
+            "went on: nothing to cite"
+        );
     }
 
     #[test]

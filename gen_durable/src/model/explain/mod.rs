@@ -26,13 +26,16 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::Status;
+use crate::{HistoryKind, Status};
 
 /// The most rows any count of an explanation reads: a larger count shows as "≥10,000".
 pub const EXPLAIN_COUNT_LIMIT: i64 = 10_000;
 
 /// The most children or signal names an explanation lists.
 pub const EXPLAIN_LIST_LIMIT: i64 = 10;
+
+/// The newest history entries an explanation reads to say how its current step has gone.
+pub const EXPLAIN_HISTORY_LIMIT: i64 = 100;
 
 /// Why instance `id` is where it is: see [`crate::Client::explain`]. `Display` gives one
 /// English line; [`Explanation::evidence`] a few more for an operator.
@@ -56,6 +59,54 @@ pub struct Explanation {
     pub at: DateTime<Utc>,
     /// The reason, with its evidence.
     pub reason: Reason,
+    /// What the history says of the current step, when it went wrong before: how often it
+    /// failed and lost its lease since the instance came to it. `None` when nothing did,
+    /// or no history is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trouble: Option<Trouble>,
+}
+
+/// The current step's failures, from the history: since the instance last went on to
+/// it (a step's `next`, `await`, `children`, an operator's retry or restart, a migration,
+/// a fork), its attempts that failed (`retry`, `failed`) and its leases lost. Read from
+/// the newest [`EXPLAIN_HISTORY_LIMIT`] entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trouble {
+    /// The step.
+    pub step: String,
+    /// Its attempts that failed.
+    pub failures: i64,
+    /// Its leases lost.
+    pub leases_lost: i64,
+    /// The newest failure's error.
+    pub last_error: Option<String>,
+}
+
+impl Trouble {
+    /// From the newest entries of an instance at `step`, newest first: `None` when the
+    /// step has neither failed nor lost a lease since the instance came to it.
+    pub fn of(step: &str, recent: &[(HistoryKind, String, Option<String>)]) -> Option<Trouble> {
+        let mut t = Trouble {
+            step: step.to_string(),
+            failures: 0,
+            leases_lost: 0,
+            last_error: None,
+        };
+        for (kind, at, error) in recent {
+            match kind {
+                HistoryKind::Retry | HistoryKind::Failed if at == step => {
+                    t.failures += 1;
+                    if t.last_error.is_none() {
+                        t.last_error = error.clone();
+                    }
+                }
+                HistoryKind::LeaseLost if at == step => t.leases_lost += 1,
+                HistoryKind::CancelRequested | HistoryKind::Cancelled | HistoryKind::Released => {}
+                _ => break,
+            }
+        }
+        (t.failures + t.leases_lost > 0).then_some(t)
+    }
 }
 
 /// The one reason an instance is where it is, with its evidence, in the order they are
@@ -280,6 +331,9 @@ pub struct ExplainFacts {
     pub nodes: Option<NodeFacts>,
     /// Due rows of the queue ahead of it in the pick's order (bounded).
     pub rows_ahead: i64,
+    /// Its newest history entries (at most [`EXPLAIN_HISTORY_LIMIT`]), newest first: kind,
+    /// step, error.
+    pub recent: Vec<(HistoryKind, String, Option<String>)>,
 }
 
 /// The live nodes, as they concern one instance.
@@ -300,7 +354,9 @@ impl ExplainFacts {
     /// The answer: the first reason that holds, in the order of the module's docs.
     pub fn explain(self) -> Explanation {
         let reason = self.reason();
+        let trouble = Trouble::of(&self.step, &self.recent);
         Explanation {
+            trouble,
             id: self.id,
             fsm: self.fsm,
             version: self.version,

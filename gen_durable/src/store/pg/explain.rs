@@ -8,7 +8,8 @@ use sqlx::PgExecutor;
 
 use crate::model::error::Result;
 use crate::model::explain::{
-    ChildState, ExplainFacts, Holder, NodeFacts, EXPLAIN_COUNT_LIMIT, EXPLAIN_LIST_LIMIT,
+    ChildState, ExplainFacts, Holder, NodeFacts, EXPLAIN_COUNT_LIMIT, EXPLAIN_HISTORY_LIMIT,
+    EXPLAIN_LIST_LIMIT,
 };
 use crate::store::pg::admin::NODE_LIVE_WINDOW_MS;
 use crate::Status;
@@ -115,7 +116,10 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue,
                    AND (a.priority, a.eligible_at, a.id) < (i.priority, i.eligible_at, i.id)
                    AND a.eligible_at <= t.now
                  ORDER BY a.priority, a.eligible_at, a.id
-                 LIMIT $4) x) END AS rows_ahead
+                 LIMIT $4) x) END AS rows_ahead,
+       -- Its newest history entries, newest first (`gd_history_instance`, backwards).
+       ARRAY(SELECT jsonb_build_array(h.kind, h.step, h.error) FROM gd_history h
+              WHERE h.instance_id = i.id ORDER BY h.entry DESC LIMIT $6) AS recent
   FROM gd_instances i
  CROSS JOIN t
   LEFT JOIN gd_queue_pauses p ON p.queue = i.queue
@@ -169,6 +173,7 @@ struct Row {
     nodes_running: Vec<String>,
     versions_on_queue: Vec<String>,
     rows_ahead: Option<i64>,
+    recent: Vec<Json<(String, String, Option<String>)>>,
 }
 
 /// The facts of instance `id` at `now` (`None`: the database's clock); `None` if there
@@ -184,6 +189,7 @@ pub(crate) async fn facts<'e>(
         .bind(NODE_LIVE_WINDOW_MS)
         .bind(EXPLAIN_COUNT_LIMIT)
         .bind(EXPLAIN_LIST_LIMIT)
+        .bind(EXPLAIN_HISTORY_LIMIT)
         .fetch_optional(db)
         .await?;
     Ok(row.map(Row::into_facts))
@@ -242,6 +248,12 @@ impl Row {
                 versions_on_queue: versions,
             }),
             rows_ahead: self.rows_ahead.unwrap_or(0),
+            // A kind this build does not know (a later node's) ends the reading.
+            recent: self
+                .recent
+                .into_iter()
+                .map_while(|Json((kind, step, error))| Some((kind.parse().ok()?, step, error)))
+                .collect(),
         }
     }
 }
@@ -261,6 +273,7 @@ mod tests {
                 .replace("$3", &NODE_LIVE_WINDOW_MS.to_string())
                 .replace("$4", &EXPLAIN_COUNT_LIMIT.to_string())
                 .replace("$5", &EXPLAIN_LIST_LIMIT.to_string())
+                .replace("$6", &EXPLAIN_HISTORY_LIMIT.to_string())
         );
         let lines: Vec<String> = sqlx::query_scalar(&sql).fetch_all(conn).await.unwrap();
         lines.join("\n")
