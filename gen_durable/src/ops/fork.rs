@@ -6,11 +6,12 @@ use serde_json::Value;
 
 use crate::model::answers::inserted;
 use crate::model::error::{Error, Result};
+use crate::model::insert::NewInstance;
 use crate::model::options::InsertOptions;
 use crate::ops::restart::check_restart_step;
 use crate::store::pg;
 use crate::store::pg::history::Source;
-use crate::{Client, LimitKey};
+use crate::{Client, LimitKey, Registry};
 
 /// The state entry `entry` of instance `id` began its step with, or why there is none.
 fn state_of(id: i64, entry: i64, source: &Source) -> Result<Value> {
@@ -22,6 +23,47 @@ fn state_of(id: i64, entry: i64, source: &Source) -> Result<Value> {
             kind: source.kind()?,
         }),
     }
+}
+
+/// Where an instance runs, as a fork of it runs there too.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct ForkOf<'a> {
+    /// Its FSM.
+    pub fsm: &'a str,
+    /// Its FSM version now.
+    pub version: i32,
+    /// Its queue.
+    pub queue: &'a str,
+    /// Its priority.
+    pub priority: i16,
+    /// Its concurrency key: a K = 1 key, or the key within `gate`.
+    pub partition_key: Option<&'a str>,
+    /// The gate `partition_key` is a key of.
+    pub gate: Option<&'a str>,
+}
+
+/// The row a fork of `of` inserts: at `step` in `state`, on its FSM version, queue,
+/// priority and concurrency key, without its correlation key; checked by `registry` as
+/// every insert is. `Client::fork` and the testkit's both build it here.
+#[doc(hidden)]
+pub fn fork_row(
+    registry: &Registry,
+    of: ForkOf<'_>,
+    step: &str,
+    state: Value,
+) -> Result<NewInstance> {
+    let mut opts = InsertOptions::default()
+        .step(step)
+        .queue(of.queue)
+        .priority(of.priority);
+    if let Some(key) = of.partition_key {
+        opts = match of.gate {
+            Some(gate) => opts.gate(LimitKey::new(gate, key)),
+            None => opts.partition_key(key),
+        };
+    }
+    registry.new_instance(of.fsm, of.version, state, opts)
 }
 
 impl Client {
@@ -49,17 +91,15 @@ impl Client {
         else {
             return Err(Error::NotFound { id });
         };
-        let mut opts = InsertOptions::default()
-            .step(source.step.clone())
-            .queue(queue.clone())
-            .priority(source.priority.unwrap_or_default());
-        if let Some(key) = source.partition_key.clone() {
-            opts = match source.gate.clone() {
-                Some(gate) => opts.gate(LimitKey::new(gate, key)),
-                None => opts.partition_key(key),
-            };
-        }
-        let row = self.registry().new_instance(fsm, version, state, opts)?;
+        let of = ForkOf {
+            fsm,
+            version,
+            queue,
+            priority: source.priority.unwrap_or_default(),
+            partition_key: source.partition_key.as_deref(),
+            gate: source.gate.as_deref(),
+        };
+        let row = fork_row(self.registry(), of, &source.step, state)?;
         let mut tx = self.pool().begin().await?;
         let fork = inserted(
             pg::insert::insert_one(self.pooler().on(&mut *tx), &row, true, now).await?,

@@ -7,7 +7,7 @@
 mod bulk;
 #[cfg(feature = "metrics")]
 pub(crate) mod counts;
-mod fork;
+pub(crate) mod fork;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub(crate) mod migrate_instances;

@@ -3,11 +3,8 @@
 
 use std::future::{ready, Ready};
 
-use gen_durable::backend::check_restart_step;
-use gen_durable::{
-    Error, HistoryEntry, HistoryKind, HistoryPage, InsertOptions, LimitKey, Result,
-    HISTORY_PAGE_MAX,
-};
+use gen_durable::backend::{check_restart_step, fork_row, ForkOf};
+use gen_durable::{Error, HistoryEntry, HistoryKind, HistoryPage, Result, HISTORY_PAGE_MAX};
 use serde_json::Value;
 
 use super::TestKit;
@@ -89,19 +86,15 @@ impl TestKit {
         let e = self.store.entry(id, entry)?;
         let state = state_of(id, &e)?;
         let row = self.store.row(id).ok_or(Error::NotFound { id })?;
-        let mut opts = InsertOptions::default()
-            .step(e.step.clone())
-            .queue(row.queue.clone())
-            .priority(row.priority);
-        if let Some(key) = row.partition_key.clone() {
-            opts = match row.gate.clone() {
-                Some(gate) => opts.gate(LimitKey::new(gate, key)),
-                None => opts.partition_key(key),
-            };
-        }
-        let new = self
-            .registry
-            .new_instance(&row.fsm, row.version, state, opts)?;
+        let of = ForkOf {
+            fsm: &row.fsm,
+            version: row.version,
+            queue: &row.queue,
+            priority: row.priority,
+            partition_key: row.partition_key.as_deref(),
+            gate: row.gate.as_deref(),
+        };
+        let new = fork_row(&self.registry, of, &e.step, state)?;
         let fork = self.insert_one(new)?;
         self.store.note(
             fork,
