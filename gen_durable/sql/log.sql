@@ -264,6 +264,11 @@ BEGIN
           INTO top FROM gd_ready_seq s;
         UPDATE gd_lanes l SET safe_hi = top WHERE l.lane = ANY (ticks);
     END IF;
+    -- The lanes are held now, and this claim may have waited for their appenders (or for
+    -- another claim): a pause committed meanwhile holds what they appended too (R4-3).
+    IF EXISTS (SELECT 1 FROM gd_queue_pauses qp WHERE qp.queue = p_queue) THEN
+        RETURN;
+    END IF;
     FOR c IN SELECT l.lane, l.next_seq, l.safe_hi, l.last_batch FROM gd_lanes l
               WHERE l.queue = p_queue AND l.fsm = ANY (p_names) AND l.next_seq < l.safe_hi
               ORDER BY l.priority, l.next_seq

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gen_durable_testkit::TestDb;
+
+mod common;
 use sqlx::{PgPool, Row};
 
 /// Inserts `n` rows of FSM `F` v1 in queue `q` at `priority`, and appends them, in one
@@ -119,6 +121,71 @@ async fn a_claim_serves_the_most_urgent_priority_first_and_nothing_of_a_paused_q
         .unwrap();
     assert_eq!(claim(pool, "n1", 3).await, urgent, "priority 0 first");
     assert_eq!(claim(pool, "n1", 3).await, late);
+    db.close().await;
+}
+
+/// R4-3 in CI: a claim that began before a pause waited for an appender in flight (its
+/// lane's watermark waits for them), and then took the entry that appender committed,
+/// after the pause: a step started in a paused queue. The claim looks at the pauses again
+/// once it holds its lanes.
+#[tokio::test]
+async fn a_claim_that_waited_for_an_appender_takes_nothing_once_its_queue_is_paused() {
+    let db = TestDb::new().await;
+    let pool = db.pool();
+    let first = ready(pool, 1, 0).await;
+    assert_eq!(
+        claim(pool, "n1", 10).await,
+        first,
+        "the lane's settled range is used up"
+    );
+    let lane: i32 = sqlx::query_scalar("SELECT lane FROM gd_lanes WHERE queue = 'q'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // An appender in flight: it holds its lane's append lock until it commits.
+    let mut appender = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(1734631276, $1)")
+        .bind(lane)
+        .execute(&mut *appender)
+        .await
+        .unwrap();
+    // A claim starts before the pause: it waits for the appender to move the watermark.
+    let claiming = {
+        let pool = pool.clone();
+        tokio::spawn(async move { advance(&pool, "n1", 10).await })
+    };
+    common::eventually(10, "the claim to wait for the appender", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    sqlx::query("INSERT INTO gd_queue_pauses (queue) VALUES ('q')")
+        .execute(pool)
+        .await
+        .unwrap();
+    // The appender's entry, committed after the pause.
+    let late: i64 = sqlx::query_scalar(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         VALUES ('F', 1, 's', '{}', 'q') RETURNING id",
+    )
+    .fetch_one(&mut *appender)
+    .await
+    .unwrap();
+    sqlx::query("SELECT gd_append(ARRAY[$1::int8], NULL)")
+        .bind(late)
+        .execute(&mut *appender)
+        .await
+        .unwrap();
+    appender.commit().await.unwrap();
+    assert_eq!(
+        claiming.await.unwrap(),
+        Vec::<i64>::new(),
+        "a paused queue gives nothing, even to a claim that began before the pause"
+    );
     db.close().await;
 }
 
