@@ -3,7 +3,8 @@
 # and at level full (every entry with its step's state, the states padded to 1 KB, against
 # off with the same states), interleaved:
 #   bash gen_durable_bench/results/2026-12-07-history-cost/run.sh [N] [ROUNDS]
-# from the repository's root, after `cargo build --release -p gen_durable_bench`.
+# from the repository's root, after `cargo build --release -p gen_durable_bench`. The runs
+# are kept in `$RESULTS/runs-N.jsonl` (default: this directory).
 set -euo pipefail
 N=${1:-20000}; R=${2:-20}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,7 +20,7 @@ for r in $(seq 1 "$R"); do
     done
   done
 done
-cp "$OUT" "$HERE/runs-$N.jsonl"
+cp "$OUT" "${RESULTS:-$HERE}/runs-$N.jsonl"
 python3 - "$OUT" <<'PY'
 import json, sys, statistics as st
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -6,12 +6,10 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use gen_durable::backend::{StepInput, StepOutput};
-use gen_durable::{Event, FsmEntry, HistoryKind, OutcomeKind, Status};
+use gen_durable::{Event, FsmEntry, OutcomeKind, Status};
 
 use super::TestKit;
-use crate::store::history::Extra;
 use crate::store::schedule::KitSchedule;
-use crate::store::KIT_NODE;
 use crate::tally::Tally;
 
 impl TestKit {
@@ -141,23 +139,8 @@ impl TestKit {
         let fsm = entry.name;
         match migrated {
             Ok(m) => {
-                let was = std::mem::replace(&mut row.step, m.step.to_string());
-                (row.version, row.state) = (m.version, m.state);
-                let attempt = row.attempt + 1;
-                // The engine's MIGRATE_CLAIMED records it, with the node that did it.
-                self.store.note(
-                    id,
-                    now,
-                    HistoryKind::Migrated,
-                    &was,
-                    attempt,
-                    Extra {
-                        next_step: Some(m.step.to_string()),
-                        node: Some(KIT_NODE.to_string()),
-                        detail: Some(format!("from version {from} to {to}")),
-                        ..Extra::default()
-                    },
-                );
+                // The engine's MIGRATE_CLAIMED, recorded with the node that did it.
+                self.store.migrate_row(id, m, false, now);
                 self.events
                     .push(Event::InstanceMigrated { id, fsm, from, to });
                 Some(entry)

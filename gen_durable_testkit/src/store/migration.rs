@@ -8,11 +8,11 @@
 
 use chrono::{DateTime, Utc};
 use gen_durable::{
-    BulkPass, HistoryKind, MigrateOptions, MigrationReport, Registry, Result, Status,
+    BulkPass, HistoryKind, MigrateOptions, Migrated, MigrationReport, Registry, Result, Status,
 };
 
 use super::history::Extra;
-use super::{Row, Store};
+use super::{Row, Store, KIT_NODE};
 
 impl Row {
     /// Live: neither `done` nor `failed` (`status NOT IN ('done', 'failed')`).
@@ -90,25 +90,7 @@ impl Store {
         }));
         if !opts.dry_run {
             for (id, m) in moved {
-                let row = self.rows.get_mut(&id).expect("a movable row exists");
-                let (was, from) = (row.step.clone(), row.version);
-                let attempt = row.attempt + 1;
-                (row.version, row.state, row.step) = (m.version, m.state, m.step.into());
-                row.updated_at = now;
-                // APPLY_BATCH's entry, with who did it.
-                self.note(
-                    id,
-                    now,
-                    HistoryKind::Migrated,
-                    &was,
-                    attempt,
-                    Extra {
-                        next_step: Some(m.step.to_string()),
-                        by_operator: true,
-                        detail: Some(format!("from version {from} to {}", m.version)),
-                        ..Extra::default()
-                    },
-                );
+                self.migrate_row(id, m, true, now);
             }
             for (id, error) in failed {
                 let row = self.rows.get_mut(&id).expect("a movable row exists");
@@ -118,5 +100,36 @@ impl Store {
         }
         let (executing, other) = self.left(fsm, to);
         Ok(pass.finish(executing, other))
+    }
+
+    /// Moves row `id` to `m` (version, state, step) and records it in the history, as
+    /// MIGRATE_CLAIMED does for the node that claimed it (`by_operator` false) and
+    /// APPLY_BATCH for an operator's bulk migration.
+    pub(crate) fn migrate_row(
+        &mut self,
+        id: i64,
+        m: Migrated,
+        by_operator: bool,
+        now: DateTime<Utc>,
+    ) {
+        let row = self.rows.get_mut(&id).expect("a migrated row exists");
+        let (was, from) = (row.step.clone(), row.version);
+        let attempt = row.attempt + 1;
+        (row.version, row.state, row.step) = (m.version, m.state, m.step.into());
+        row.updated_at = now;
+        self.note(
+            id,
+            now,
+            HistoryKind::Migrated,
+            &was,
+            attempt,
+            Extra {
+                next_step: Some(m.step.to_string()),
+                node: (!by_operator).then(|| KIT_NODE.to_string()),
+                by_operator,
+                detail: Some(format!("from version {from} to {}", m.version)),
+                ..Extra::default()
+            },
+        );
     }
 }
