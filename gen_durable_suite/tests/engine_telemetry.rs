@@ -23,8 +23,12 @@ test_fsm!(Leaf, state = Count, queue = "t", version = 1, {
     Run => "run" |_ctx| { Ok(Step::stop("leaf stops")) },
 });
 
+/// Holds `Slow`'s step until the test opens it, so the drain sees it running however slow
+/// the machine is.
+static SLOW_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
 test_fsm!(Slow, state = Count, queue = "slow", version = 1, {
-    Run => "run" |_ctx| { tokio::time::sleep(Duration::from_millis(300)).await; Ok(Step::done(json!(null))) },
+    Run => "run" |_ctx| { drop(SLOW_GATE.acquire().await); Ok(Step::done(json!(null))) },
 });
 
 fn registry() -> Registry {
@@ -131,7 +135,18 @@ async fn step_pick_saturation_drain_and_reaper_events() {
             == 2
     })
     .await;
-    engine.shutdown(Duration::from_secs(5)).await;
+    let drain = tokio::spawn(engine.shutdown(Duration::from_secs(30)));
+    eventually(10, "the buffered row released", || async {
+        common::count(
+            db.pool(),
+            "SELECT count(*) FROM gd_instances i WHERE gd_status_of(i) = 'executing'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    SLOW_GATE.add_permits(1);
+    drain.await.unwrap();
     assert!(events.all().iter().any(|e| matches!(e,
         Event::SchedulerDrain { released: 1, in_flight: 1, queue } if queue == "slow")));
 
