@@ -51,12 +51,13 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
     let stored: Vec<&String> = model.steps.iter().map(|s| &s.stored).collect();
     let variants: Vec<_> = model.steps.iter().map(|s| &s.variant).collect();
     let initial = &model.steps[model.initial].variant;
-    // Each call is spanned on its variant: a missing or misspelled handler is reported
-    // there ("no function or associated item named `reserve` found for enum `Checkout`").
+    // Each call is spanned on its variant, so a missing or misspelt handler is reported
+    // there, by `missing_handlers`.
     let dispatch = model.steps.iter().map(|s| {
         let (variant, handler) = (&s.variant, &s.handler);
         quote_spanned!(variant.span()=> Self::#variant => Self::#handler(ctx),)
     });
+    let missing = missing_handlers(ident, model);
     // The limit each step's handler declares (`#[step(rate_limit = …)]`), by its name.
     let handler_names: Vec<String> = model.steps.iter().map(|s| s.handler.to_string()).collect();
     // Spanned on the enum's name: without a `#[durable_steps]` block the error is there.
@@ -100,6 +101,7 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
                 self,
                 ctx: &'a mut ::gen_durable::__private::Ctx<Self>,
             ) -> ::gen_durable::__private::StepFuture<'a, Self> {
+                #missing
                 match self {
                     #(#dispatch)*
                 }
@@ -131,6 +133,53 @@ pub(super) fn expand(input: &FsmInput, model: Option<&FsmModel>, errors: &Errors
         ::gen_durable::__private::inventory::submit! {
             ::gen_durable::__private::FsmEntry::of::<#ident>()
         }
+    }
+}
+
+/// What a step whose handler is missing resolves to: a trait's function of the handler's
+/// name, which an inherent handler of the `#[durable_steps]` block shadows. It can only be
+/// called where the FSM implements the step's `no handler` trait, which nothing does, so
+/// calling it is an error whose message names the step, the handler and its signature,
+/// spanned on the variant (rather than rustc's "no variant or associated item named `ship`"
+/// pointing at a variant that exists, or its suggestion to rename the variant).
+fn missing_handlers(ident: &syn::Ident, model: &FsmModel) -> TokenStream {
+    let ctx = quote!(::gen_durable::__private::Ctx<#ident>);
+    let future = quote!(::gen_durable::__private::StepFuture<'a, #ident>);
+    let (checks, fallbacks): (Vec<_>, Vec<_>) = model
+        .steps
+        .iter()
+        .map(|s| {
+            let (variant, handler) = (&s.variant, &s.handler);
+            let check = quote::format_ident!("__GdNoHandler{}", variant);
+            let message = format!("step `{ident}::{variant}` has no handler `{handler}`");
+            let label = format!("no `fn {handler}` in the `#[durable_steps] impl {ident}` block");
+            let note = format!(
+                "a step's handler is named after its variant in snake_case; write it in the \
+                 `#[durable_steps] impl {ident}` block:\n    \
+                 async fn {handler}(ctx: &mut Ctx<Self>) -> StepResult<Self> {{ … }}"
+            );
+            let check_trait = quote_spanned! {variant.span()=>
+                #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+                trait #check {}
+            };
+            let fallback = quote! {
+                fn #handler<'a>(_: &'a mut #ctx) -> #future
+                where
+                    Self: #check,
+                {
+                    ::core::unreachable!()
+                }
+            };
+            (check_trait, fallback)
+        })
+        .unzip();
+    quote! {
+        #(#[allow(non_camel_case_types)] #checks)*
+        #[allow(dead_code)]
+        trait __GdHandlerFallback {
+            #(#fallbacks)*
+        }
+        impl __GdHandlerFallback for #ident {}
     }
 }
 
