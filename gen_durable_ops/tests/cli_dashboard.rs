@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
-use cli_support::{gd, url_of};
+use cli_support::{gd, gd_with_env, url_of};
 use gen_durable_testkit::TestDb;
 
 /// An operator token long enough (32 bytes or more).
@@ -111,30 +111,16 @@ async fn the_token_comes_from_the_named_variable() {
     db.close().await;
 }
 
-/// `gen_durable dashboard` with `env` set, no database: how it exits before connecting.
-fn gd_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gen_durable"))
-        .args(args)
-        .env_remove("DATABASE_URL")
-        .env("NO_COLOR", "1")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the gen_durable binary");
-    (
-        out.status.code().expect("exited normally"),
-        String::from_utf8(out.stderr).expect("utf-8 stderr"),
-    )
-}
-
 /// A token shorter than 32 bytes is a usage error at start-up, before connecting, that
 /// says the minimum and how to make a good one.
 #[test]
 fn r4_session_cli_refuses_a_short_token() {
-    let (code, stderr) = gd_with_env(
+    let stderr = gd_with_env(
         &["dashboard", "--auth-token-env", "GD_TEST_SHORT_TOKEN"],
         &[("GD_TEST_SHORT_TOKEN", "s3cret-but-only-31-bytes-long!!")],
-    );
-    assert_eq!(code, 2, "{stderr}");
+    )
+    .expect(2)
+    .stderr;
     assert!(
         stderr.contains("GD_TEST_SHORT_TOKEN")
             && stderr.contains("31 bytes")

@@ -39,6 +39,35 @@ fn no_database_url() {
     assert!(r.stderr.contains("DATABASE_URL"), "{}", r.stderr);
 }
 
+/// `cargo gd` in this tree, given no URL, looks at the examples' database
+/// (`.cargo/config.toml` names it) and says so; an explicit URL wins over it.
+#[tokio::test]
+async fn the_trees_default_database_is_named_on_stderr() {
+    let db = TestDb::new().await;
+    let url = cli_support::url_of(db.name());
+    let default = [("GEN_DURABLE_CLI_DEFAULT_URL", url.as_str())];
+    let r = cli_support::gd_with_env(&["status"], &default).expect(0);
+    assert!(
+        r.stderr
+            .contains(&format!("database: {url} (this tree's default")),
+        "{}",
+        r.stderr
+    );
+    let r = cli_support::gd_with_env(&["--json", "status"], &default).expect(0);
+    assert_eq!(r.stderr, "", "JSON output names nothing on stderr");
+    let r = cli_support::gd_with_env(
+        &[
+            "--database-url",
+            "postgres://someone@127.0.0.1:1/db",
+            "status",
+        ],
+        &default,
+    )
+    .expect(CONNECT);
+    assert!(r.stderr.contains("127.0.0.1:1/db"), "{}", r.stderr);
+    db.close().await;
+}
+
 #[test]
 fn malformed_url() {
     let r = gd(&["--database-url", "not a url", "status"]).expect(CONNECT);

@@ -55,7 +55,7 @@ async fn explain_prints_the_reason_then_its_evidence() {
     );
     assert_eq!(
         lines[2],
-        "  status: awaiting_signal at step \"ship\", attempt 0"
+        "  status: awaiting_signal at step \"ship\", attempt 1"
     );
     assert!(lines.contains(&"  awaits: \"paid\""), "{}", r.stdout);
     assert!(

@@ -14,18 +14,25 @@ const CONFLICT: i32 = 6;
 #[tokio::test]
 async fn pause_and_resume_a_queue_shown_by_status() {
     let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO gd_nodes (node_id, queues, fsms) VALUES ('n1', '{checkout,mail}', '{}')",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
     let r = gd_on(&db, &["pause", "checkout", "--reason", "deploy 42"]).expect(0);
     assert!(
         r.stdout.contains("paused queue \"checkout\""),
         "{}",
         r.stdout
     );
+    assert!(!r.stdout.contains("warning"), "{}", r.stdout);
     let j = gd_on(&db, &["--json", "pause", "checkout"])
         .expect(0)
         .json();
     assert_eq!(
         j,
-        json!({ "queue": "checkout", "paused": true, "newly_paused": false })
+        json!({ "queue": "checkout", "paused": true, "newly_paused": false, "warning": null })
     );
 
     let r = gd_on(&db, &["status"]).expect(0);
@@ -43,6 +50,21 @@ async fn pause_and_resume_a_queue_shown_by_status() {
     assert!(r.stdout.contains("was not paused"), "{}", r.stdout);
     let j = gd_on(&db, &["--json", "status"]).expect(0).json();
     assert_eq!(j["paused_queues"], json!([]));
+
+    // A queue no node announced is paused (a node may start on it) with a warning that
+    // names the queues nodes do pick.
+    let r = gd_on(&db, &["pause", "chekout"]).expect(0);
+    assert!(
+        r.stdout
+            .contains("warning: no node has announced queue \"chekout\"")
+            && r.stdout.contains("the announced queues: checkout, mail"),
+        "{}",
+        r.stdout
+    );
+    let j = gd_on(&db, &["--json", "resume", "chekout"])
+        .expect(0)
+        .json();
+    assert_eq!(j["resumed"], true);
 
     let r = gd_on(&db, &["pause", ""]).expect(USAGE);
     assert!(r.stderr.contains("invalid queue: is empty"), "{}", r.stderr);

@@ -379,8 +379,10 @@ async fn status_shows_each_gate_keys_use_and_each_buckets_tokens() {
          VALUES ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'executing', 0),
                 ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'executing', 1),
                 ('F', 1, 's', '{}', 'q', 'stripe', 'acme', 'runnable', NULL);
-         INSERT INTO gd_rate_limits (name, per_second, burst) VALUES ('smtp', 2, 10);
-         INSERT INTO gd_buckets (name, key, tokens, at) VALUES ('smtp', 'eu', -4, now());",
+         INSERT INTO gd_rate_limits (name, per_second, burst)
+         VALUES ('smtp', 2, 10), ('digest', 1.0 / 60, 1);
+         INSERT INTO gd_buckets (name, key, tokens, at)
+         VALUES ('smtp', 'eu', -4, now()), ('digest', 'all', 0.5, now());",
     )
     .execute(db.pool())
     .await
@@ -402,7 +404,14 @@ async fn status_shows_each_gate_keys_use_and_each_buckets_tokens() {
         "a gate with no key in use: {out}"
     );
     let smtp: Vec<String> = line("smtp ").split_whitespace().map(String::from).collect();
-    assert_eq!(&smtp[..4], ["smtp", "2", "10", "\"eu\""], "{out}");
+    assert_eq!(&smtp[..4], ["smtp", "2/s", "10", "\"eu\""], "{out}");
+    // A slow rate reads as a period, and tokens with two decimals at most.
+    let digest: Vec<String> = line("digest ")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(&digest[..5], ["digest", "1", "every", "1m", "0s"], "{out}");
+    assert!(digest[7].len() <= 4, "tokens rounded: {out}");
     let tokens: f64 = smtp[4].parse().unwrap();
     assert!(
         (-4.0..-3.0).contains(&tokens),
@@ -419,6 +428,12 @@ async fn status_shows_each_gate_keys_use_and_each_buckets_tokens() {
         (&stripe["running"], &stripe["waiting"]),
         (&json!(2), &json!(1))
     );
-    assert_eq!(j["rate_limits"][0]["key"], "eu");
+    let smtp = j["rate_limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "smtp")
+        .unwrap();
+    assert_eq!(smtp["key"], "eu");
     db.close().await;
 }

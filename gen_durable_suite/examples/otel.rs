@@ -112,6 +112,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_else(|_| "http://localhost:4318".into());
         (url, None)
     };
+    // Without a collector every span would be dropped in silence: say so and stop.
+    if let Err(e) = reachable(&endpoint).await {
+        eprintln!(
+            "no OpenTelemetry collector at {endpoint} ({e}): the spans would be dropped.\n\
+             Start one listening for OTLP/HTTP (e.g. `docker run -p 4318:4318 \
+             otel/opentelemetry-collector`, or Jaeger), set OTEL_EXPORTER_OTLP_ENDPOINT to \
+             yours, or run `cargo run --example otel -- --check` to see the spans arrive at \
+             a stand-in collector."
+        );
+        std::process::exit(1);
+    }
     let exporter = SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpJson)
@@ -141,11 +152,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     engine.shutdown(Duration::from_secs(10)).await;
     // The batch exporter sends from its own thread: flush it off the async runtime.
-    tokio::task::spawn_blocking(move || {
-        let _ = provider.force_flush();
-        provider.shutdown()
+    let flushed = tokio::task::spawn_blocking(move || {
+        let flushed = provider.force_flush();
+        provider.shutdown()?;
+        flushed
     })
-    .await??;
+    .await?;
+    if let Err(e) = flushed {
+        eprintln!("the spans could not be exported to {endpoint}: {e}");
+        std::process::exit(1);
+    }
 
     if let Some(received) = received {
         let steps: Vec<_> = spans(&received)
@@ -170,4 +186,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// Whether something listens at the endpoint's host and port (`http://host:port/…`; port
+/// 4318, OTLP/HTTP's, when the URL names none).
+async fn reachable(endpoint: &str) -> std::io::Result<()> {
+    let authority = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let address = if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:4318")
+    };
+    let connect = tokio::net::TcpStream::connect(address);
+    match tokio::time::timeout(Duration::from_secs(3), connect).await {
+        Ok(connected) => connected.map(drop),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer in 3 s",
+        )),
+    }
 }

@@ -27,8 +27,9 @@ pub enum Error {
         /// The key that was asked for.
         key: String,
     },
-    /// The instance has already ended (`done` or `failed`); nothing was stored.
-    #[error("instance {id} has already finished ({status}); nothing was stored")]
+    /// The instance has already ended (`done` or `failed`): a signal to it is not stored,
+    /// a cancel changes nothing.
+    #[error("instance {id} has already finished ({status}); nothing was changed")]
     Finished {
         /// The instance.
         id: i64,

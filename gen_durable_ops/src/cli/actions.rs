@@ -132,7 +132,7 @@ pub(crate) async fn retry(pool: &PgPool, id: i64) -> Result<Output, CliError> {
     super::connect::operator(pool).retry(id).await?;
     Ok(Output {
         json: json!({ "id": id, "retried": true }),
-        text: format!("instance {id} is runnable again at the step it failed in (attempt 0)\n"),
+        text: format!("instance {id} is runnable again at the step it failed in, its attempts counted afresh\n"),
     })
 }
 

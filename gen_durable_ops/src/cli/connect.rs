@@ -18,6 +18,30 @@ const INVALID_PASSWORD: &str = "28P01";
 const INVALID_AUTHORIZATION: &str = "28000";
 const INVALID_CATALOG: &str = "3D000";
 
+/// Set by this tree's `.cargo/config.toml`: the database `cargo gd` looks at when given none
+/// (the examples'). An installed binary does not see it, and has no default.
+const TREE_DEFAULT_URL: &str = "GEN_DURABLE_CLI_DEFAULT_URL";
+
+/// The URL a command connects to: `--database-url` or `DATABASE_URL`, else this tree's
+/// default, which is named on stderr (unless the output is JSON) so that nobody wonders
+/// which database they looked at.
+pub(crate) fn database_url(given: Option<String>, json: bool) -> Option<String> {
+    let given = given.filter(|u| !u.trim().is_empty());
+    if given.is_some() {
+        return given;
+    }
+    let default = std::env::var(TREE_DEFAULT_URL)
+        .ok()
+        .filter(|u| !u.trim().is_empty())?;
+    if !json {
+        eprintln!(
+            "database: {} (this tree's default, the examples'; --database-url or DATABASE_URL for another)",
+            redact(&default)
+        );
+    }
+    Some(default)
+}
+
 /// Connects to `url` (or explains why not). One or two connections are all a command needs.
 pub(crate) async fn connect(url: Option<&str>) -> Result<PgPool, CliError> {
     connect_with(url, 2).await

@@ -76,6 +76,8 @@ pub(crate) async fn run(pool: &PgPool, target: Target) -> Result<Output, CliErro
         let Some(v) = row.get(key) else { continue };
         let shown = if TIME_FIELDS.contains(&key) && !v.is_null() {
             table::json_time(v).unwrap_or_default()
+        } else if key == "attempt" {
+            table::attempt(v)
         } else {
             table::cell(v)
         };

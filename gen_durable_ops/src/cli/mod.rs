@@ -118,11 +118,12 @@ async fn run(cli: Cli) -> Result<Output, CliError> {
         )?),
         _ => None,
     };
+    let url = connect::database_url(cli.database_url.clone(), cli.json);
     let pool = match &cli.command {
         Command::Dashboard { .. } => {
-            connect::connect_with(cli.database_url.as_deref(), dashboard::POOL_SIZE).await?
+            connect::connect_with(url.as_deref(), dashboard::POOL_SIZE).await?
         }
-        _ => connect::connect(cli.database_url.as_deref()).await?,
+        _ => connect::connect(url.as_deref()).await?,
     };
     if !matches!(cli.command, Command::MigrateSchema) {
         connect::require_schema(&pool).await?;

@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use super::args::format_age;
 use super::error::Kind;
 use super::{CliError, Output};
+use crate::store::admin;
 use gen_durable::{BulkReport, Client, Error, Filter};
 
 pub(crate) async fn pause(
@@ -15,13 +16,27 @@ pub(crate) async fn pause(
 ) -> Result<Output, CliError> {
     let gd = super::connect::operator(pool);
     let newly = gd.pause_queue(queue, reason).await?;
-    let text = if newly {
+    let mut text = if newly {
         format!("paused queue {queue:?}: no node claims its rows until `gen_durable resume {queue}` (rows already claimed finish their step)\n")
     } else {
         format!("queue {queue:?} was already paused; it stays paused (its first reason is kept)\n")
     };
+    // A queue no node has announced is most likely a misspelt name: the pause is kept
+    // (a node may start on it later), and the queues nodes do pick are named.
+    let known = admin::announced_queues(pool).await?;
+    let warning = (!known.iter().any(|q| q == queue)).then(|| {
+        let known = if known.is_empty() {
+            "no node has announced any queue yet".to_string()
+        } else {
+            format!("the announced queues: {}", known.join(", "))
+        };
+        format!("no node has announced queue {queue:?}: check its name ({known}); it is paused all the same, for a node that starts on it")
+    });
+    if let Some(w) = &warning {
+        text.push_str(&format!("warning: {w}\n"));
+    }
     Ok(Output {
-        json: json!({ "queue": queue, "paused": true, "newly_paused": newly }),
+        json: json!({ "queue": queue, "paused": true, "newly_paused": newly, "warning": warning }),
         text,
     })
 }
@@ -52,7 +67,7 @@ pub(crate) async fn restart(
             Ok(Output {
                 json: json!({ "id": id, "restarted": true, "entry": entry }),
                 text: format!(
-                    "instance {id} is runnable now at the step of entry {entry}, in the state it began with (attempt 0)\n"
+                    "instance {id} is runnable now at the step of entry {entry}, in the state it began with, its attempts counted afresh\n"
                 ),
             })
         }
@@ -61,7 +76,9 @@ pub(crate) async fn restart(
             gd.restart(id, step).await?;
             Ok(Output {
                 json: json!({ "id": id, "restarted": true, "step": step }),
-                text: format!("instance {id} is runnable now at step {step:?} (attempt 0)\n"),
+                text: format!(
+                    "instance {id} is runnable now at step {step:?}, its attempts counted afresh\n"
+                ),
             })
         }
     }

@@ -143,14 +143,14 @@ pub(crate) async fn run(pool: &PgPool) -> Result<Output, CliError> {
     if buckets.is_empty() {
         text.push_str("  none\n");
     } else {
-        let mut t = Table::new(["limit", "per second", "burst", "key", "tokens"]);
+        let mut t = Table::new(["limit", "rate", "burst", "key", "tokens"]);
         for b in &buckets {
             t.row(vec![
                 b.name.clone(),
-                format!("{}", b.per_second),
-                format!("{}", b.burst),
+                table::rate(b.per_second),
+                table::number(b.burst),
                 b.key.as_ref().map_or("-".into(), |k| format!("{k:?}")),
-                b.tokens.map_or("full".into(), |t| format!("{t:.2}")),
+                b.tokens.map_or("full".into(), table::number),
             ]);
         }
         text.push_str(&t.render());

@@ -105,6 +105,35 @@ pub(crate) fn span(secs: f64) -> String {
     }
 }
 
+/// Tokens per second, as a rate an operator reads.
+pub(crate) fn rate(per_second: f64) -> String {
+    if per_second >= 1.0 {
+        format!("{}/s", number(per_second))
+    } else {
+        format!("1 every {}", span(1.0 / per_second))
+    }
+}
+
+/// A token count: at most two decimals, none when whole.
+pub(crate) fn number(x: f64) -> String {
+    let s = format!("{x:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
+/// A row's `attempt` (earlier runs of its step, 0 on the first) as people count runs:
+/// from 1, as the history and `explain` do.
+pub(crate) fn attempt(v: &Value) -> String {
+    match v.as_i64() {
+        Some(n) => (n + 1).to_string(),
+        None => cell(v),
+    }
+}
+
 /// A JSON value on one line; strings without their quotes; null as `-`.
 pub(crate) fn cell(v: &Value) -> String {
     match v {
@@ -117,6 +146,21 @@ pub(crate) fn cell(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_and_rates_read_as_an_operator_writes_them() {
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(-2.5), "-2.5");
+        assert_eq!(number(1.0 / 3.0), "0.33");
+        assert_eq!(number(-0.001), "0");
+        assert_eq!(rate(10.0), "10/s");
+        assert_eq!(rate(100.0 / 60.0), "1.67/s");
+        assert!(
+            rate(1.0 / 60.0).starts_with("1 every "),
+            "{}",
+            rate(1.0 / 60.0)
+        );
+    }
 
     #[test]
     fn spans() {

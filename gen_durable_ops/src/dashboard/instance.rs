@@ -112,6 +112,8 @@ pub(crate) async fn page(
                 dd data-field=(k) {
                     @if TIME_FIELDS.contains(k) && !v.is_null() {
                         (table::json_time(&v).unwrap_or_default())
+                    } @else if *k == "attempt" {
+                        (table::attempt(&v))
                     } @else if *k == "last_error" && !v.is_null() {
                         span.error { (table::cell(&v)) }
                     } @else {

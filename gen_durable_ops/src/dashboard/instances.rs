@@ -190,7 +190,7 @@ pub(crate) async fn page(
                         td { (r.step) }
                         td { (layout::status(&r.status)) }
                         td { (r.queue) }
-                        td.n { (r.attempt) }
+                        td.n { (r.attempt + 1) }
                         td { (r.unique_key.as_deref().unwrap_or("")) }
                         td { @if let Some(p) = r.parent_id { (layout::instance_link(p)) } }
                         td { (layout::time(&r.inserted_at)) }

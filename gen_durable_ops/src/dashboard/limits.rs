@@ -19,6 +19,7 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::AppState;
+use crate::cli::table::{number, rate};
 use crate::store::limits::CappedBucketRow;
 use crate::store::limits::CappedUsageRow;
 use crate::store::{admin, limits};
@@ -253,26 +254,6 @@ fn bucket_words(tokens: f64, per_second: f64, burst: f64) -> Markup {
     }
 }
 
-/// Tokens per second, as a rate an operator reads.
-fn rate(per_second: f64) -> String {
-    if per_second >= 1.0 {
-        format!("{}/s", number(per_second))
-    } else {
-        format!("1 every {}", layout::span(1.0 / per_second))
-    }
-}
-
-/// A token count: at most two decimals, none when whole.
-fn number(x: f64) -> String {
-    let s = format!("{x:.2}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" {
-        "0".to_string()
-    } else {
-        s.to_string()
-    }
-}
-
 /// The note under the gate table: how each column was counted, and where it stops.
 fn gates_how_counted(running_capped: bool, waiting_capped: bool) -> String {
     let running = format!(
@@ -310,21 +291,6 @@ fn gates_how_counted(running_capped: bool, waiting_capped: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn numbers_and_rates_read_as_an_operator_writes_them() {
-        assert_eq!(number(3.0), "3");
-        assert_eq!(number(-2.5), "-2.5");
-        assert_eq!(number(1.0 / 3.0), "0.33");
-        assert_eq!(number(-0.001), "0");
-        assert_eq!(rate(10.0), "10/s");
-        assert_eq!(rate(100.0 / 60.0), "1.67/s");
-        assert!(
-            rate(1.0 / 60.0).starts_with("1 every "),
-            "{}",
-            rate(1.0 / 60.0)
-        );
-    }
 
     #[test]
     fn a_bucket_below_zero_is_tokens_reserved() {

@@ -210,6 +210,16 @@ pub(crate) async fn expired_leases<'e>(
         .await?)
 }
 
+/// The queues any announced node picks, live or not: a queue named nowhere here is likely
+/// a misspelt one.
+const ANNOUNCED_QUEUES: &str = r#"/* gd:admin */
+SELECT DISTINCT q FROM gd_nodes, unnest(queues) AS q ORDER BY q
+"#;
+
+pub(crate) async fn announced_queues<'e>(db: impl PgExecutor<'e>) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(ANNOUNCED_QUEUES).fetch_all(db).await?)
+}
+
 /// Every announced node, live or not, with the database's verdict on liveness so the
 /// CLI and the `UNRUNNABLE` statement use the same window and the same clock.
 pub(crate) const NODES: &str = r#"/* gd:admin */

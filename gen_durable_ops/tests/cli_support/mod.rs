@@ -41,12 +41,20 @@ impl Run {
     }
 }
 
-/// Runs `gen_durable ARGS` with no `DATABASE_URL` in its environment.
+/// Runs `gen_durable ARGS` with no `DATABASE_URL` in its environment (nor this tree's
+/// default, which `cargo test` passes on from `.cargo/config.toml`).
 pub(crate) fn gd(args: &[&str]) -> Run {
+    gd_with_env(args, &[])
+}
+
+/// [`gd`] with `env` set.
+pub(crate) fn gd_with_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_gen_durable"))
         .args(args)
         .env_remove("DATABASE_URL")
+        .env_remove("GEN_DURABLE_CLI_DEFAULT_URL")
         .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
         .output()
         .expect("run the gen_durable binary");
     Run {

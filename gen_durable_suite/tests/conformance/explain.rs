@@ -49,7 +49,7 @@ pub async fn explain_failed_shows_the_last_error<B: Backend>(b: &mut B) {
     );
     assert_eq!(
         why.to_string(),
-        r#"failed at step "only" (attempt 0): bad input"#
+        r#"failed at step "only" (attempt 1): bad input"#
     );
 }
 

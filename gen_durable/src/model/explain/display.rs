@@ -59,7 +59,7 @@ impl Explanation {
                 f,
                 "failed at step {:?} (attempt {}): {}",
                 self.step,
-                self.attempt,
+                self.attempt + 1,
                 shorten(last_error.as_deref().unwrap_or("no error recorded"))
             ),
             Reason::Executing {
@@ -267,7 +267,9 @@ impl Explanation {
             ),
             format!(
                 "status: {} at step {:?}, attempt {}",
-                self.status, self.step, self.attempt
+                self.status,
+                self.step,
+                self.attempt + 1
             ),
         ];
         let mut add = |label: &str, value: String| out.push(format!("{label}: {value}"));

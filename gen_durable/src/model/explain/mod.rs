@@ -53,7 +53,9 @@ pub struct Explanation {
     pub status: Status,
     /// Its step (the one it runs next, or ran last if it finished).
     pub step: String,
-    /// Its attempt at that step (replays and lost leases count).
+    /// How many times it ran that step before without moving on (replays and lost leases
+    /// count): 0 on the first run, as [`Ctx::attempt`](crate::Ctx::attempt). Text for
+    /// people counts from 1 ("attempt 1" is the first run), as the history does.
     pub attempt: i32,
     /// The time the explanation was computed at: the database's (or the injected) clock.
     pub at: DateTime<Utc>,
