@@ -28,9 +28,10 @@ pub fn prepared_statements() -> Vec<(&'static str, &'static str, std::borrow::Co
 
 pub use crate::store::pg::millis;
 
-/// The schema migrations this build embeds: how many there are.
+/// The schema migrations this build embeds: how many there are, and whether a database
+/// has exactly them.
 pub mod schema {
-    pub use crate::ops::schema::embedded;
+    pub use crate::ops::schema::{check, embedded};
 }
 
 /// Node announcements, the clock of the database and the collector's delete.

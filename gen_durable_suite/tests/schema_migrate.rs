@@ -107,6 +107,16 @@ async fn the_engine_refuses_a_schema_it_cannot_run_on() {
         .await
         .unwrap();
     assert_eq!(nodes, 0, "the refused engine announced itself");
+    // Migrating it with this version is refused the same way, not with sqlx's "migration
+    // N was previously applied but is missing".
+    let err = gen_durable::migrate_schema(ahead.pool())
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, gen_durable::Error::SchemaAhead { unknown, .. } if unknown.len() == 1),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("later gen_durable"), "{err}");
     ahead.close().await;
 
     // The schema as this version embeds it: the engine starts.

@@ -36,7 +36,7 @@ pub(crate) async fn migrate_schema(pool: &PgPool) -> Result<Output, CliError> {
 }
 
 async fn applied(pool: &PgPool) -> Result<Vec<(i64, String)>, CliError> {
-    if admin::schema_state(pool).await?.migrations {
+    if admin::has_migrations_table(pool).await? {
         Ok(admin::applied_migrations(pool).await?)
     } else {
         Ok(Vec::new())

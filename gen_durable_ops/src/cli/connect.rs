@@ -103,24 +103,20 @@ fn connect_error(shown: &str, e: sqlx::Error) -> CliError {
 
 /// Fails with "run `gen_durable migrate-schema`" unless the whole schema is there.
 pub(crate) async fn require_schema(pool: &PgPool) -> Result<(), CliError> {
-    let s = admin::schema_state(pool).await?;
-    if !s.instances {
-        return Err(CliError::not_migrated(
-            "this database has no gen_durable schema (table gd_instances is missing)",
-        ));
+    // The library's own check: the migrations this build embeds, all applied, none newer.
+    match gen_durable::backend::schema::check(pool).await {
+        Ok(()) => Ok(()),
+        Err(gen_durable::Error::SchemaBehind { applied: None, .. }) => Err(
+            CliError::not_migrated("this database has no gen_durable schema"),
+        ),
+        Err(gen_durable::Error::SchemaBehind {
+            applied: Some(at),
+            missing,
+        }) => Err(CliError::not_migrated(&format!(
+            "this database's gen_durable schema is older than this CLI: it is at migration {at}, and migrations {missing:?} are missing"
+        ))),
+        Err(e) => Err(e.into()),
     }
-    if let Some(missing) = s.missing {
-        // `table`, `table.column` or `function name`.
-        let (what, missing) = match missing.strip_prefix("function ") {
-            Some(name) => ("function", name),
-            None if missing.contains('.') => ("column", missing.as_str()),
-            None => ("table", missing.as_str()),
-        };
-        return Err(CliError::not_migrated(&format!(
-            "this database's gen_durable schema is older than this CLI ({what} {missing} is missing)"
-        )));
-    }
-    Ok(())
 }
 
 /// The URL with its password masked, fit for an error message.

@@ -20,61 +20,17 @@ pub(crate) const INSPECT_LIST_LIMIT: i64 = 100;
 /// The most ids listed per (queue, node) among expired leases.
 const EXPIRED_IDS_SHOWN: i32 = 10;
 
-/// Whether the schema is there. `to_regclass` answers NULL instead of failing when a
-/// table is missing, so the CLI can tell "not migrated" from any other error and say
-/// what to do. The tables, columns and functions later migrations added are checked
-/// apart, the newest last: a database migrated by an older release has instances but not
-/// those yet. A function is named `function …` (several overloads of one name make
-/// `to_regproc` answer NULL, so those are looked up in `pg_proc`).
-const SCHEMA_STATE: &str = r#"/* gd:admin */
-SELECT to_regclass('gd_instances') IS NOT NULL AS instances,
-       CASE WHEN to_regclass('gd_nodes') IS NULL THEN 'gd_nodes'
-            WHEN to_regclass('gd_schedules') IS NULL THEN 'gd_schedules'
-            WHEN to_regclass('gd_queue_pauses') IS NULL THEN 'gd_queue_pauses'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
-                              WHERE attrelid = to_regclass('gd_nodes') AND attname = 'steps'
-                                AND NOT attisdropped) THEN 'gd_nodes.steps'
-            WHEN to_regclass('gd_gates') IS NULL THEN 'gd_gates'
-            WHEN to_regclass('gd_rate_limits') IS NULL THEN 'gd_rate_limits'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_proc
-                              WHERE proname = 'gd_commit_outcomes' AND pronargs >= 22)
-                THEN 'function gd_commit_outcomes (with transitions)'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_attribute
-                              WHERE attrelid = to_regclass('gd_instances')
-                                AND attname = 'finished_at' AND NOT attisdropped)
-                THEN 'gd_instances.finished_at'
-            WHEN to_regproc('gd_claim_plain') IS NULL THEN 'function gd_claim_plain'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_handoff')
-                THEN 'function gd_handoff'
-            WHEN to_regproc('gd_claim_rated') IS NULL THEN 'function gd_claim_rated'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_commit_handoff')
-                THEN 'function gd_commit_handoff'
-            WHEN to_regproc('gd_lease_epoch') IS NULL THEN 'function gd_lease_epoch'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_proc
-                              WHERE proname = 'gd_commit_handoff' AND pronargs >= 30)
-                THEN 'function gd_commit_handoff (with slots)'
-            WHEN NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'gd_reap' AND pronargs = 4)
-                THEN 'function gd_reap (with the lease TTL)'
-            WHEN to_regclass('gd_history') IS NULL THEN 'gd_history' END AS missing,
-       to_regclass('_sqlx_migrations') IS NOT NULL AS migrations
+/// Whether sqlx's table of applied migrations exists (the first migration run creates it).
+const MIGRATIONS_TABLE: &str = r#"/* gd:admin */
+SELECT to_regclass('_sqlx_migrations') IS NOT NULL
 "#;
 
-/// Which parts of the schema exist.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub(crate) struct SchemaState {
-    pub(crate) instances: bool,
-    /// A table a later migration added that is not there yet.
-    pub(crate) missing: Option<String>,
-    pub(crate) migrations: bool,
-}
-
-pub(crate) async fn schema_state<'e>(db: impl PgExecutor<'e>) -> Result<SchemaState> {
-    Ok(sqlx::query_as(SCHEMA_STATE).fetch_one(db).await?)
+pub(crate) async fn has_migrations_table<'e>(db: impl PgExecutor<'e>) -> Result<bool> {
+    Ok(sqlx::query_scalar(MIGRATIONS_TABLE).fetch_one(db).await?)
 }
 
 /// The migrations recorded as applied, so `migrate` can say what it did. Only call it
-/// when `SchemaState::migrations` is true: the table is sqlx's and is created by the
-/// first migration run.
+/// when [`has_migrations_table`].
 const APPLIED_MIGRATIONS: &str = r#"/* gd:admin */
 SELECT version, description FROM _sqlx_migrations WHERE success ORDER BY version
 "#;

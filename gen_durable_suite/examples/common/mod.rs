@@ -62,10 +62,13 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
         Ok(()) => Ok(pool),
         // Migrated by another checkout of gen_durable whose migrations differ from these
         // (an edited or a newer one): it is only the examples' database, so start afresh.
-        Err(gen_durable::Error::Migrate(
-            sqlx::migrate::MigrateError::VersionMismatch(_)
-            | sqlx::migrate::MigrateError::VersionMissing(_),
-        )) => {
+        Err(
+            gen_durable::Error::SchemaAhead { .. }
+            | gen_durable::Error::Migrate(
+                sqlx::migrate::MigrateError::VersionMismatch(_)
+                | sqlx::migrate::MigrateError::VersionMissing(_),
+            ),
+        ) => {
             eprintln!("{DATABASE} was migrated by another version of gen_durable: recreating it");
             pool.close().await;
             sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
