@@ -7,7 +7,6 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use super::error::{CliError, Kind};
-use crate::store::admin;
 
 /// How long to wait for the server before giving up: an operator at a terminal wants
 /// "unreachable" in seconds, not after sqlx's default half minute.
