@@ -134,7 +134,7 @@ impl Engine {
     }
 
     /// Picks on every queue and sweeps await timeouts now, instead of at the next poll.
-    /// Useful after moving a manual [`Clock`]; production never needs it (NOTIFY and
+    /// Useful after moving a manual [`Clock`](crate::Clock); production never needs it (NOTIFY and
     /// polling do this).
     pub fn wake(&self) {
         self.wakes.values().for_each(|w| w.notify_one());

@@ -135,7 +135,7 @@ impl ConcurrencyKey {
 }
 
 /// One key of a gate in use, or a declared gate with no key in use (`key` None), as
-/// [`Client::gates`] and `gen_durable status` show them.
+/// [`Client::gates`](crate::Client::gates) and `gen_durable status` show them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GateUse {
     /// The gate.

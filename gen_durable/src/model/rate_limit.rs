@@ -95,7 +95,7 @@ impl RateLimit {
     }
 }
 
-/// One bucket of a rate limit, as [`Client::rate_limits`] shows it.
+/// One bucket of a rate limit, as [`Client::rate_limits`](crate::Client::rate_limits) shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct BucketUse {
     /// The rate limit.

@@ -54,7 +54,7 @@ pub struct Explanation {
     /// Its step (the one it runs next, or ran last if it finished).
     pub step: String,
     /// How many times it ran that step before without moving on (replays and lost leases
-    /// count): 0 on the first run, as [`Ctx::attempt`](crate::Ctx::attempt). Text for
+    /// count): 0 on the first run, as [`StepContext::attempt`](crate::StepContext::attempt). Text for
     /// people counts from 1 ("attempt 1" is the first run), as the history does.
     pub attempt: i32,
     /// The time the explanation was computed at: the database's (or the injected) clock.
