@@ -143,3 +143,8 @@ pub mod prelude {
 
 #[doc(hidden)]
 pub mod __private;
+
+/// The README's tour, compiled by `cargo test --doc` so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeTour;

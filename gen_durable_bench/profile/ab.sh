@@ -2,7 +2,7 @@
 # A and B of one SQL function in the same drain: each call goes at random to the function
 # as the migrations define it (A) or to a variant of it (B), and pg_stat_statements times
 # both. On a machine whose speed moves ±15% from one run to the next, two variants timed in
-# one run see the same machine; two runs do not (PERFORMANCE.md, "Measured trade-offs").
+# one run see the same machine; two runs do not (gen_durable_bench/results/PERFORMANCE-log.md, "Measured trade-offs").
 #
 #   bash gen_durable_bench/profile/ab.sh FUNCTION VARIANT.sql [N] [RUNS]
 #   SCENARIO=drain_gated bash gen_durable_bench/profile/ab.sh gd_handoff my_handoff.sql

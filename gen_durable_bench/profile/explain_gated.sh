@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plan of a claim on a big backlog with gated rows (PERFORMANCE.md, "Claim with gated
+# The plan of a claim on a big backlog with gated rows (gen_durable_bench/results/PERFORMANCE-log.md, "Claim with gated
 # rows"): 1,000,000 runnable rows on queue `q`, every hundredth gated (10,000 rows over 5
 # keys of gate `g`, K = 2), each key already holding its 2 slots, so every gated row must be
 # skipped. Prints EXPLAIN (ANALYZE, BUFFERS) of one claim of 256 through `gd_claim`'s

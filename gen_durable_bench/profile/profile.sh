@@ -8,7 +8,7 @@
 #   PERF=1 bash gen_durable_bench/profile/profile.sh N   # + perf's top functions, each side
 #
 # Needs a server with pg_stat_statements loaded, on this host (pg_waldump reads its pg_wal;
-# run as root or the server's owner), e.g. a private cluster: see PERFORMANCE.md, "Where
+# run as root or the server's owner), e.g. a private cluster: see gen_durable_bench/results/PERFORMANCE-log.md, "Where
 # the time goes". DATABASE_URL defaults to postgres://postgres@127.0.0.1:5433/postgres.
 # BENCH is the bench binary (default: $CARGO_TARGET_DIR/release/gen_durable_bench, else
 # target/release/…); OUT the folder kept for the run (default: a new /tmp/gd-profile.*).

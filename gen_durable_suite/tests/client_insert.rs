@@ -277,7 +277,7 @@ async fn unique_scopes() {
         .expect("failed is outside the scope");
 
     // A scope that leaves out a live status is refused: a row could leave it and come
-    // back while another row holds the key (RELIABILITY.md, E2). Nothing is written.
+    // back while another row holds the key (docs/design/reliability.md, E2). Nothing is written.
     let before = count(p, "SELECT count(*) FROM gd_instances").await;
     for scope in [
         vec![Status::Runnable],

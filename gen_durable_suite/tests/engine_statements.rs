@@ -1,5 +1,5 @@
 //! The statement-count test: counts the statements the engine sends to
-//! Postgres and asserts the cost model of PERFORMANCE.md.
+//! Postgres and asserts the cost model of gen_durable_bench/results/PERFORMANCE-log.md.
 //!
 //! - a pick is one statement whatever its size (1 vs 50 rows, each with a signal in
 //!   its inbox): inboxes and children come back with the claim, never row by row;
@@ -15,7 +15,7 @@
 //! built from the same URL with sqlx's default logging on; the log is installed for the
 //! test's thread only (`set_default`, with a current-thread runtime so every task of the
 //! engine runs on that thread). The pool's ping before an acquire is not logged: it is
-//! a round trip, counted in PERFORMANCE.md, not here. Outcomes per flush come from the
+//! a round trip, counted in gen_durable_bench/results/PERFORMANCE-log.md, not here. Outcomes per flush come from the
 //! engine's `commit.stop` events.
 
 mod common;

@@ -1,7 +1,7 @@
 //! Periodic schedules on PostgreSQL, firing: three nodes declaring one schedule insert
 //! each fire time once; each catch-up policy after a downtime; an entry that cannot be
 //! built, or whose closure panics, is skipped and said while the other schedules go on
-//! (RELIABILITY.md, R4B-3); a schedule declared twice is refused.
+//! (docs/design/reliability.md, R4B-3); a schedule declared twice is refused.
 
 mod common;
 mod schedule_support;

@@ -1,6 +1,6 @@
 //! [`ShardedClient`]: one [`Client`] per PostgreSQL database (a *shard*), each instance
 //! placed on the shard its key hashes to. The type's documentation holds the routing
-//! contract (the hash, which never changes); docs/scaling.md the deployment.
+//! contract (the hash, which never changes); docs/guide/scaling.md the deployment.
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
@@ -49,7 +49,7 @@ pub const SHARD_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from
 /// shards. The engine inserts an instance's children in the database of their parent, so
 /// a whole tree lives on its root's shard. This client only routes: an insert, a signal
 /// or a wait by key goes to the key's shard, and an operation by id names the shard with
-/// the id ([`ShardedId`]), since ids are per database. docs/scaling.md says when to
+/// the id ([`ShardedId`]), since ids are per database. docs/guide/scaling.md says when to
 /// shard and how to deploy it.
 ///
 /// # The hash, which never changes

@@ -257,7 +257,7 @@ impl Picker {
             q.shared.claims.run(id, epoch, cancel.clone());
             // Boxed: the task then holds a pointer, not the step's future (~5 KB), so
             // spawning it and storing its end copy a few bytes, not the whole future
-            // (those copies were ~15% of the engine's CPU in a drain; PERFORMANCE.md).
+            // (those copies were ~15% of the engine's CPU in a drain; gen_durable_bench/results/PERFORMANCE-log.md).
             let handle = self.tasks.spawn(Box::pin(run_step(
                 q.shared.clone(),
                 row,
@@ -538,7 +538,7 @@ fn partition_key_of(detail: &str) -> Option<String> {
 /// wait (every worker is busy then), fewer than a quarter of `prefetch`, so that the buffer
 /// is refilled in batches rather than a row at a time. A claim costs about as much for a
 /// few rows as for many: a five-step drain topped its buffer up 16–18 rows at a time, at
-/// twice a large claim's server time per row (PERFORMANCE.md, "Refilling the buffer in
+/// twice a large claim's server time per row (gen_durable_bench/results/PERFORMANCE-log.md, "Refilling the buffer in
 /// batches").
 fn demand(cfg: &QueueConfig, running: usize, waiting: usize) -> Option<usize> {
     let free = (cfg.concurrency + cfg.prefetch).saturating_sub(running + waiting);

@@ -3,7 +3,7 @@
 //!
 //! Every statement here is bounded by an index range, a `LIMIT` on an index scan or a
 //! sample of a fixed number of pages, so a page costs the same on a table of a thousand
-//! rows or of a million: the EXPLAIN lines are in docs/dashboard.md. All of them only
+//! rows or of a million: the EXPLAIN lines are in docs/guide/dashboard.md. All of them only
 //! read. The overview's counts are `counts.rs`' (the metrics read them too).
 
 use chrono::{DateTime, Utc};
@@ -249,7 +249,7 @@ pub(crate) async fn fsm_versions_sampled<'e>(
 }
 
 /// Every statement a dashboard page runs, with the parameters of a typical first load,
-/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/dashboard.md records
+/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/guide/dashboard.md records
 /// at 1M rows (`plans`); the queue counts are `counts`' (shared with the metrics), the
 /// nodes, leases, schedules and inspection `status`'s and `inspect`'s, the flow control
 /// `gate.rs`' and `rate_limit.rs`'. `sample` is the
@@ -378,7 +378,7 @@ enum Param {
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
-/// of the instance page: (name, plan). For docs/dashboard.md; runs each statement once.
+/// of the instance page: (name, plan). For docs/guide/dashboard.md; runs each statement once.
 pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
     use gen_durable::backend::counts;
     let sample = counts::sample_percent(counts::table_pages(pool).await?);

@@ -291,7 +291,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // three times: each kill reaps the worker's 16 rows, and each PostgreSQL restart that
     // outlasts the 3 s lease (recovery took 2.5–7 s) reaps every row in flight, and a
     // reaped row is picked again first. Three rows of one claim failed so in a CI run at
-    // `28ad601` (RELIABILITY.md, "The chaos soak"); its rows allow 10 lost leases, the
+    // `28ad601` (docs/design/reliability.md, "The chaos soak"); its rows allow 10 lost leases, the
     // library's default (`--max-reaps` to change it). Since 0029 a lease a restart took
     // is not counted.
     sqlx::query("UPDATE gd_instances SET max_reaps = $1 WHERE fsm = 'Audited'")

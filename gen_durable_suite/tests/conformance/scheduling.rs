@@ -98,7 +98,7 @@ pub async fn unique_key_default_scope_frees_at_terminal<B: Backend>(b: &mut B) {
 pub async fn a_unique_scope_a_row_could_re_enter_is_refused<B: Backend>(b: &mut B) {
     // Parked is outside a `[Runnable]` scope, and a signal would bring the row back into
     // it — while another row may hold the key by then. Such scopes are refused at insert,
-    // and nothing is written (RELIABILITY.md, E2).
+    // and nothing is written (docs/design/reliability.md, E2).
     let key = format!("{}:runnable-only", b.tag());
     let r = b
         .insert::<Waiter>(

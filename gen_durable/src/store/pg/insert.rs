@@ -74,7 +74,7 @@ pub(super) const INSERT: &str = insert!(
 
 /// [`INSERT`] for a batch in which no row has a unique key: nothing can conflict, so no
 /// sort and no `ON CONFLICT`, whose speculative insertion costs each row a WAL record
-/// of its own: 15% less server time for a batch of 20,000 (PERFORMANCE.md, "The latest run").
+/// of its own: 15% less server time for a batch of 20,000 (gen_durable_bench/results/PERFORMANCE-log.md, "The latest run").
 pub(super) const INSERT_FRESH: &str = insert!("");
 
 /// Inserts `rows` and returns the ids actually inserted, ascending. Duplicates by

@@ -40,7 +40,7 @@ macro_rules! without_flush {
 /// claimed it cannot commit its outcome (the fence; an epoch is never given twice, even by
 /// a forgotten claim: `gd_lease_epoch`), so its step runs again, as after a worker's crash.
 /// Every later commit of the row's outcome waits for its flush, which carries the claim's
-/// WAL with it (RELIABILITY.md, "What a server crash may forget").
+/// WAL with it (docs/design/reliability.md, "What a server crash may forget").
 pub(crate) const CLAIM: &str = concat!(
     "/* gd:claim */ SELECT c.* FROM ",
     without_flush!(),

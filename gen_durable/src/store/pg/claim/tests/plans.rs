@@ -146,7 +146,7 @@ async fn a_claim_reads_its_rows_inboxes_and_children_in_one_pass_each() {
 /// No claim is compiled by JIT, however costly its plan looks. PostgreSQL compiles a
 /// statement whose estimate is above `jit_above_cost` on every execution; `gd_claim`'s
 /// generic plan is estimated from the whole backlog, and at 1,000,000 rows with gated
-/// ones each claim spent 1.8 s compiling (PERFORMANCE.md, "Claim with gated rows";
+/// ones each claim spent 1.8 s compiling (gen_durable_bench/results/PERFORMANCE-log.md, "Claim with gated rows";
 /// migration 0018). `plan_of` explains under the functions' own settings with the
 /// threshold at 0, so a function that allowed JIT would show it on any table. (Where
 /// the server has no JIT, as `pg_jit_available()` says, this cannot fail.)

@@ -1,0 +1,183 @@
+//! The documentation's shape: a README a newcomer reads in one sitting, user docs that
+//! speak of semantics (no commit hashes), links that lead somewhere, and code that
+//! compiles: the README's tour is compiled by `cargo test --doc -p gen_durable`
+//! (`ReadmeTour` in the crate root), and every Rust block of the guide is found, word for
+//! word, in `tests/guide_snippets.rs` or an example, which compile.
+
+use std::path::{Path, PathBuf};
+
+/// The README's budget, in lines.
+const README_LINES: usize = 400;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_path_buf()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Markdown files of a directory, not recursing.
+fn markdown_in(dir: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// What users read: the README, the changelog and the guide.
+fn user_docs() -> Vec<PathBuf> {
+    let mut files = vec![root().join("README.md"), root().join("CHANGELOG.md")];
+    files.extend(markdown_in("docs/guide"));
+    files
+}
+
+/// `` `1a2b3c4` ``-like words: 7 to 40 hex digits, at least one a digit and one a letter
+/// (a hash of digits alone reads as a number, and is let through).
+fn commit_hashes(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| {
+            (7..=40).contains(&w.len())
+                && w.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+                && w.chars().any(|c| c.is_ascii_digit())
+                && w.chars().any(|c| c.is_ascii_alphabetic())
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// The relative targets of `[text](target)` links, without their `#fragment`.
+fn relative_links(text: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("](") {
+        rest = &rest[at + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end].split('#').next().unwrap_or_default();
+        let external = target.contains("://") || target.starts_with("mailto:");
+        if !target.is_empty() && !external && !target.contains(' ') {
+            links.push(target.to_string());
+        }
+    }
+    links
+}
+
+#[test]
+fn the_readme_stays_within_its_budget() {
+    let lines = read(&root().join("README.md")).lines().count();
+    assert!(
+        lines <= README_LINES,
+        "README.md has {lines} lines, its budget is {README_LINES}: move the detail to a \
+         topic of docs/guide/"
+    );
+}
+
+#[test]
+fn user_docs_name_no_commit() {
+    for file in user_docs() {
+        let hashes = commit_hashes(&read(&file));
+        assert!(
+            hashes.is_empty(),
+            "{} names commits {hashes:?}: user docs state what holds now; dated runs go \
+             to gen_durable_bench/results/",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn every_relative_link_leads_to_a_file() {
+    let mut files = user_docs();
+    files.extend(markdown_in("docs/design"));
+    files.push(root().join("CONTRIBUTING.md"));
+    let mut broken = Vec::new();
+    for file in &files {
+        let dir = file.parent().expect("a parent directory");
+        for link in relative_links(&read(file)) {
+            if !dir.join(&link).exists() {
+                broken.push(format!("{}: {link}", file.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The Rust blocks of a Markdown text (` ```rust `, with or without attributes).
+fn rust_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut block: Option<String> = None;
+    for line in text.lines() {
+        match &mut block {
+            None if line.starts_with("```rust") => block = Some(String::new()),
+            Some(b) if line.starts_with("```") => {
+                blocks.push(std::mem::take(b));
+                block = None;
+            }
+            Some(b) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// The text without its whitespace: rustfmt may lay a compiled snippet out otherwise.
+fn words(text: &str) -> String {
+    text.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+#[test]
+fn every_rust_block_of_the_guide_compiles() {
+    let suite = root().join("gen_durable_suite");
+    let mut compiled = vec![read(&suite.join("tests/guide_snippets.rs"))];
+    for example in std::fs::read_dir(suite.join("examples")).expect("the examples") {
+        let path = example.expect("an example").path();
+        if path.extension().is_some_and(|x| x == "rs") {
+            compiled.push(read(&path));
+        }
+    }
+    let compiled: Vec<String> = compiled.iter().map(|c| words(c)).collect();
+    let mut missing = Vec::new();
+    for file in markdown_in("docs/guide") {
+        for block in rust_blocks(&read(&file)) {
+            if !compiled.iter().any(|c| c.contains(&words(&block))) {
+                missing.push(format!("{}:\n{block}", file.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "Rust blocks of the guide that no compiled file holds (put each, word for word, \
+         in gen_durable_suite/tests/guide_snippets.rs):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_checks_see_what_they_check() {
+    assert_eq!(
+        rust_blocks("a\n```rust\nlet x = 1;\n```\n```sh\nls\n```\n```rust,no_run\ny\n```\n"),
+        ["let x = 1;\n", "y\n"]
+    );
+    assert_eq!(words(" a  b\n c "), "abc");
+    assert_eq!(
+        commit_hashes("at `b23bd38`, `a510311` and `cafe`"),
+        ["b23bd38", "a510311"]
+    );
+    assert!(commit_hashes("`gd_instances` `1000000` `deadbeef`").is_empty());
+    assert_eq!(
+        relative_links("[a](x.md#top) [b](https://e.org) [c](../y/) [d](#here)"),
+        ["x.md", "../y/"]
+    );
+}
