@@ -62,8 +62,25 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The README states the guarantees precisely; `gen_durable_testkit` runs the same FSMs
-//! in memory on a virtual clock for tests.
+//! # A map of the API
+//!
+//! | to… | start at |
+//! |---|---|
+//! | declare a workflow | [`durable_fsm`], [`durable_steps`], [`durable_job`]; a step returns a [`Step`] |
+//! | insert, signal, wait, explain | [`Client`] ([`Client::insert`], [`Client::signal`], [`Client::wait`], [`Client::explain`]) |
+//! | run the steps | [`Engine::builder`], [`QueueConfig`], [`Engine::shutdown`] |
+//! | limit what runs | partition keys and gates ([`Gate`], [`LimitKey`]), [`RateLimit`], [`Client::pause_queue`] |
+//! | run on a timetable | [`Schedule`] |
+//! | change a workflow in flight | [`Migration`], [`durable_migration`], [`Client::migrate_instances`] |
+//! | see what happened | [`Client::history`], [`Client::fork`], [`Event`] |
+//! | act as an operator | [`Client::cancel`], [`Client::retry`], [`Client::restart`], [`Filter`] |
+//! | test | the `gen_durable_testkit` crate: the same FSMs in memory on a virtual clock |
+//! | handle errors | [`Error`]: each variant says what was wrong, and nothing was written |
+//!
+//! The guide (`docs/guide/` in the repository) covers each topic in prose: FSMs and steps,
+//! flow control, schedules, instance migrations, history, testing, telemetry, operating,
+//! the dashboard, configuration, deployment and scaling. `docs/design/reliability.md`
+//! states the guarantees and the test behind each.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
