@@ -912,3 +912,33 @@ async fn wrong_tokens_are_rate_limited_per_client_address() {
     );
     db.close().await;
 }
+
+/// A request the dashboard cannot serve gets the dashboard's own page, styled and saying
+/// what was wrong, with a way back: a malformed id or query (400), an unknown route (404),
+/// a wrong method (405). Axum's plain-text rejections and empty 404 never reach a person.
+#[tokio::test]
+async fn bad_requests_and_unknown_routes_get_the_dashboards_error_page() {
+    let db = TestDb::new().await;
+    let app = router(db.pool().clone());
+    for (path, status, says) in [
+        ("/instances/abc", StatusCode::BAD_REQUEST, "\"abc\" is not an instance id"),
+        ("/instances?after=yesterday", StatusCode::BAD_REQUEST, "after"),
+        ("/instances/99999999", StatusCode::NOT_FOUND, "no instance with id 99999999"),
+        ("/no/such/page", StatusCode::NOT_FOUND, "no page at /no/such/page"),
+    ] {
+        let r = get(&app, path).await;
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert!(r.body.contains("<!DOCTYPE html>"), "{path} is not a page: {}", r.body);
+        assert!(r.body.contains("id=\"error\""), "{path}: {}", r.body);
+        assert!(r.body.contains(says), "{path} does not say {says:?}: {}", r.body);
+        assert!(r.body.contains("href=\"/\""), "{path} has no way back: {}", r.body);
+    }
+    let r = send(
+        &app,
+        Request::delete("/instances").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+    assert!(r.body.contains("id=\"error\""), "{}", r.body);
+    db.close().await;
+}
