@@ -89,11 +89,22 @@ async fn start_driver(path: &Path) -> Driver {
 }
 
 async fn browser(driver: &Driver) -> Client {
+    browser_with(driver, &[]).await
+}
+
+/// A Chromium session with `extra` command-line switches.
+async fn browser_with(driver: &Driver, extra: &[&str]) -> Client {
     let mut caps = serde_json::Map::new();
-    let mut chrome = json!({
-        "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000", "--hide-scrollbars"],
-    });
+    let mut args = vec![
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        "--hide-scrollbars",
+    ];
+    args.extend_from_slice(extra);
+    let mut chrome = json!({ "args": args });
     if Path::new("/usr/bin/chromium").is_file() {
         chrome["binary"] = json!("/usr/bin/chromium");
     }
@@ -449,5 +460,125 @@ async fn every_page_in_a_real_browser() {
 
     c.close().await.unwrap();
     drop(driver);
+    db.close().await;
+}
+
+/// The page's own background, as the browser computed it.
+async fn background(c: &Client) -> String {
+    c.execute(
+        "return getComputedStyle(document.body).backgroundColor",
+        vec![],
+    )
+    .await
+    .unwrap()
+    .as_str()
+    .unwrap()
+    .to_string()
+}
+
+/// Live and legible: a page reloads itself while "Live" is on, and stops when it is
+/// turned off; the colors follow the system's dark mode; an unknown page is the
+/// dashboard's own error page, with the way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_reload_dark_mode_and_error_pages_in_a_real_browser() {
+    let Some(path) = chromedriver_path() else {
+        assert!(
+            std::env::var("GD_REQUIRE_BROWSER").as_deref() != Ok("1"),
+            "GD_REQUIRE_BROWSER=1 but no chromedriver on PATH or in /usr/bin"
+        );
+        eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let db = TestDb::new().await;
+    seed(db.pool()).await;
+    let base = serve(db.pool().clone()).await;
+    let driver = start_driver(&path).await;
+    let c = browser(&driver).await;
+
+    // Live: the header's toggle turns reloading on (the filters kept); the page then
+    // reloads by itself, which a new document's time origin shows.
+    c.goto(&format!("{base}/instances?status=failed"))
+        .await
+        .unwrap();
+    assert!(text(&c, "#live").await.contains("off"));
+    click_to(&c, "#live", "/instances").await;
+    let url = c.current_url().await.unwrap();
+    assert_eq!(url.query(), Some("status=failed&live=10"));
+    c.goto(&format!("{base}/instances?status=failed&live=2"))
+        .await
+        .unwrap();
+    let origin = |c: &Client| {
+        let c = c.clone();
+        async move {
+            c.execute("return performance.timeOrigin", vec![])
+                .await
+                .unwrap()
+                .as_f64()
+                .unwrap()
+        }
+    };
+    let first = origin(&c).await;
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        if origin(&c).await != first {
+            break;
+        }
+        assert!(Instant::now() < until, "the live page never reloaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(text(&c, "#live").await.contains("every 2 s"));
+    click_to(&c, "#live", "/instances").await;
+    assert_eq!(
+        c.current_url().await.unwrap().query(),
+        Some("status=failed")
+    );
+    assert!(
+        c.find(Locator::Css("meta[http-equiv='refresh']"))
+            .await
+            .is_err(),
+        "still reloading after the toggle"
+    );
+    // The list's times read relative, the time itself on hover.
+    let when = c
+        .find(Locator::Css("#instances time"))
+        .await
+        .expect("a relative time");
+    assert!(when.text().await.unwrap().ends_with(" ago"));
+    assert!(when.attr("title").await.unwrap().unwrap().ends_with("UTC"));
+
+    // An unknown page: the dashboard's page, saying so, with the way back.
+    c.goto(&format!("{base}/no/such/page")).await.unwrap();
+    assert!(text(&c, "#error")
+        .await
+        .contains("no page at /no/such/page"));
+    click_to(&c, "main a[href='/']", "/").await;
+    assert_eq!(
+        background(&c).await,
+        "rgb(246, 247, 249)",
+        "light by default"
+    );
+    c.close().await.unwrap();
+
+    // Dark mode, as the system asks for it.
+    let dark = browser_with(
+        &driver,
+        &[
+            "--force-dark-mode",
+            "--blink-settings=preferredColorScheme=0",
+        ],
+    )
+    .await;
+    dark.goto(&base).await.unwrap();
+    let prefers = dark
+        .execute(
+            "return matchMedia('(prefers-color-scheme: dark)').matches",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(prefers, json!(true), "the session does not ask for dark");
+    assert_eq!(background(&dark).await, "rgb(20, 24, 29)");
+    screenshot(&dark, "overview-dark").await;
+    dark.close().await.unwrap();
     db.close().await;
 }

@@ -921,17 +921,50 @@ async fn bad_requests_and_unknown_routes_get_the_dashboards_error_page() {
     let db = TestDb::new().await;
     let app = router(db.pool().clone());
     for (path, status, says) in [
-        ("/instances/abc", StatusCode::BAD_REQUEST, "\"abc\" is not an instance id"),
-        ("/instances?after=yesterday", StatusCode::BAD_REQUEST, "after"),
-        ("/instances/99999999", StatusCode::NOT_FOUND, "no instance with id 99999999"),
-        ("/no/such/page", StatusCode::NOT_FOUND, "no page at /no/such/page"),
+        (
+            "/instances/abc",
+            StatusCode::BAD_REQUEST,
+            "&quot;abc&quot; is not an instance id",
+        ),
+        (
+            "/instances?after=yesterday",
+            StatusCode::BAD_REQUEST,
+            "after",
+        ),
+        (
+            "/instances/99999999",
+            StatusCode::NOT_FOUND,
+            "no instance with id 99999999",
+        ),
+        (
+            "/no/such/page",
+            StatusCode::NOT_FOUND,
+            "no page at /no/such/page",
+        ),
+        (
+            "/instances?live=1",
+            StatusCode::BAD_REQUEST,
+            "live=1: give the seconds between reloads",
+        ),
     ] {
         let r = get(&app, path).await;
         assert_eq!(r.status, status, "{path}: {}", r.body);
-        assert!(r.body.contains("<!DOCTYPE html>"), "{path} is not a page: {}", r.body);
+        assert!(
+            r.body.contains("<!DOCTYPE html>"),
+            "{path} is not a page: {}",
+            r.body
+        );
         assert!(r.body.contains("id=\"error\""), "{path}: {}", r.body);
-        assert!(r.body.contains(says), "{path} does not say {says:?}: {}", r.body);
-        assert!(r.body.contains("href=\"/\""), "{path} has no way back: {}", r.body);
+        assert!(
+            r.body.contains(says),
+            "{path} does not say {says:?}: {}",
+            r.body
+        );
+        assert!(
+            r.body.contains("href=\"/\""),
+            "{path} has no way back: {}",
+            r.body
+        );
     }
     let r = send(
         &app,

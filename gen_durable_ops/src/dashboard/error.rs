@@ -1,6 +1,9 @@
 //! What can go wrong while serving a page or an action, and the page each answers with.
 
+use axum::extract::Request;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use maud::html;
 
@@ -72,20 +75,61 @@ impl DashboardError {
 
 impl IntoResponse for DashboardError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let page = Page::new(
-            status.canonical_reason().unwrap_or("error"),
-            html! {
-                h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
-                p.error id="error" { (self.to_string()) }
-                p { a href="/" { "Back to the overview" } }
-            },
-        );
         let rejected = matches!(self, DashboardError::WrongToken);
-        let mut res = (status, page).into_response();
+        let mut res = page(self.status(), &self.to_string());
         if rejected {
             res.extensions_mut().insert(super::throttle::TokenRejected);
         }
         res
     }
 }
+
+/// The dashboard's error page: the status, what was wrong, and the way back.
+fn page(status: StatusCode, message: &str) -> Response {
+    let reason = status.canonical_reason().unwrap_or("error");
+    let page = Page::new(
+        reason,
+        html! {
+            h1 { (status.as_u16()) " " (reason) }
+            p.error id="error" { (message) }
+            p { a href="/" { "Back to the overview" } }
+        },
+    );
+    (status, page).into_response()
+}
+
+/// The answers axum gives by itself — a path, query or form that does not parse, an
+/// unknown route, a method a route does not take — are plain text or empty; each becomes
+/// the dashboard's error page, saying the same (its other headers, `Allow` say, kept).
+pub(crate) async fn styled(request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let res = next.run(request).await;
+    let status = res.status();
+    let is_html = res
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if is_html || !(status.is_client_error() || status.is_server_error()) {
+        return res;
+    }
+    let (mut parts, body) = res.into_parts();
+    let text = axum::body::to_bytes(body, MAX_PLAIN_ERROR)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = match status {
+        _ if !text.is_empty() => text,
+        StatusCode::NOT_FOUND => format!("no page at {path}"),
+        StatusCode::METHOD_NOT_ALLOWED => format!("{path} does not take this method"),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    let styled = page(status, &message);
+    parts.headers.remove(CONTENT_TYPE);
+    parts.headers.remove(CONTENT_LENGTH);
+    let (styled_parts, body) = styled.into_parts();
+    parts.headers.extend(styled_parts.headers);
+    Response::from_parts(parts, body)
+}
+
+/// The most of a plain error body read to show it (axum's are one line).
+const MAX_PLAIN_ERROR: usize = 64 * 1024;

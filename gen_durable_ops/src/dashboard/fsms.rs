@@ -17,6 +17,7 @@ use maud::html;
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::Page;
+use super::live::Live;
 use super::AppState;
 use crate::store::{admin, dashboard};
 use gen_durable::backend::counts;
@@ -42,6 +43,7 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
+    live: Live,
 ) -> Result<Page, DashboardError> {
     let now = admin::db_now(&state.pool, None).await?;
     let nodes = admin::nodes(&state.pool, Some(now)).await?;
@@ -115,7 +117,9 @@ pub(crate) async fn page(
             }
         }
     };
-    Ok(Page::new("FSMs", body).viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
+    Ok(Page::new("FSMs", body)
+        .live(live)
+        .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }
 
 #[cfg(test)]

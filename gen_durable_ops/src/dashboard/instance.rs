@@ -16,6 +16,7 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::explain::explain_line;
 use super::layout::{self, Page};
+use super::live::Live;
 use super::timeline;
 use super::AppState;
 use crate::cli::table;
@@ -67,9 +68,15 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
-    Path(id): Path<i64>,
+    reload: Live,
+    Path(id): Path<String>,
     Query(params): Query<Params>,
 ) -> Result<Page, DashboardError> {
+    let id: i64 = id
+        .parse()
+        .map_err(|_| DashboardError::BadRequest(format!("{id:?} is not an instance id")))?;
+    // One clock for the page's relative times and its timeline: the database's.
+    let now = admin::db_now(&state.pool, None).await?;
     let found = admin::inspect(&state.pool, id, admin::INSPECT_LIST_LIMIT)
         .await?
         .ok_or(DashboardError::NotFound(id))?;
@@ -111,7 +118,7 @@ pub(crate) async fn page(
                 dt { (k) }
                 dd data-field=(k) {
                     @if TIME_FIELDS.contains(k) && !v.is_null() {
-                        (table::json_time(&v).unwrap_or_default())
+                        (layout::json_when(now, &v))
                     } @else if *k == "attempt" {
                         (table::attempt(&v))
                     } @else if *k == "last_error" && !v.is_null() {
@@ -128,7 +135,7 @@ pub(crate) async fn page(
         h2 { "State" }
         pre id="state" { (pretty(&get("state"))) }
         h2 { "Timeline" }
-        (timeline::timeline(id, &history.entries, history.next.is_some(), chrono::Utc::now(), operator.then_some(&csrf)))
+        (timeline::timeline(id, &history.entries, history.next.is_some(), now, operator.then_some(&csrf)))
         @if !get("result").is_null() {
             h2 { "Result" }
             pre id="result" { (pretty(&get("result"))) }
@@ -144,7 +151,7 @@ pub(crate) async fn page(
                         td { (table::cell(&s["id"])) }
                         td { (table::cell(&s["name"])) }
                         td { (table::cell(&s["dedup_key"])) }
-                        td { (table::json_time(&s["inserted_at"]).unwrap_or_default()) }
+                        td { (layout::json_when(now, &s["inserted_at"])) }
                         td { code { (layout::clip(&s["payload"].to_string(), 200)) } }
                     }
                 }
@@ -167,6 +174,7 @@ pub(crate) async fn page(
         }
     };
     Ok(Page::new(&format!("Instance {id}"), body)
+        .live(reload)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }
 

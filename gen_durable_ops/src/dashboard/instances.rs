@@ -12,8 +12,10 @@ use serde::Deserialize;
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
+use super::live::Live;
 use super::overview::urlencode;
 use super::AppState;
+use crate::store::admin;
 use crate::store::dashboard::{self, ListFilter};
 use gen_durable::Status;
 
@@ -115,10 +117,12 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
+    live: Live,
     Query(params): Query<Params>,
 ) -> Result<Page, DashboardError> {
     let filter = params.filter()?;
     let before = params.cursor()?;
+    let now = admin::db_now(&state.pool, None).await?;
     let rows = dashboard::page(&state.pool, &filter, before, WINDOW, PAGE_SIZE).await?;
     // A full page goes on below its last row. A short one without a key has read its
     // whole window: it goes on below the window, if any row is left there.
@@ -193,8 +197,8 @@ pub(crate) async fn page(
                         td.n { (r.attempt + 1) }
                         td { (r.unique_key.as_deref().unwrap_or("")) }
                         td { @if let Some(p) = r.parent_id { (layout::instance_link(p)) } }
-                        td { (layout::time(&r.inserted_at)) }
-                        td { (layout::time(&r.updated_at)) }
+                        td { (layout::when(now, r.inserted_at)) }
+                        td { (layout::when(now, r.updated_at)) }
                         td { (layout::clip(r.last_error.as_deref().unwrap_or(""), 80)) }
                     }
                 }
@@ -210,5 +214,6 @@ pub(crate) async fn page(
         }
     };
     Ok(Page::new("Instances", body)
+        .live(live)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }

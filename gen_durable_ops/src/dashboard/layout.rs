@@ -6,6 +6,7 @@ use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
+use super::live::Live;
 use crate::cli::table;
 
 /// The whole style sheet, inline: one request per page, nothing to serve apart.
@@ -32,7 +33,15 @@ form.filters input,form.filters select{margin-right:8px}.actions form{display:in
 .tl-wait{border-top:2px dashed #7a5cc7;top:6px;bottom:auto}\
 .k-ok{background:#3c9d5d}.k-bad{background:#d0453a}.k-await{background:#7a5cc7}.k-kids{background:#2f7fd0}.k-op{background:#5b6570}\
 .tl-more{grid-column:1/3;margin:0 0 4px 0}.tl-more summary{font-size:12px;color:#5b6570;cursor:pointer}\
-.tl-more dl{margin:4px 0}.tl-state{max-height:240px}";
+.tl-more dl{margin:4px 0}.tl-state{max-height:240px}\
+@media (prefers-color-scheme:dark){body{color:#e3e7ec;background:#14181d}\
+header{background:#0d1116}a{color:#8cc4ff}table,pre,.tl-track{background:#1c2229}\
+th,td,pre,.tl-track{border-color:#333c46}th{background:#232b34}\
+.s{background:#2e3740;color:#e3e7ec}.s-runnable{background:#163a5c}.s-executing{background:#5a4a10}\
+.s-awaiting_signal,.s-awaiting_children{background:#3e2c66}.s-done{background:#1d4a2b}\
+.s-failed{background:#6a1f19}.error{color:#ff8a80}.note,.tl-more summary{color:#9aa5b1}\
+.notice{background:#1d3a27}input,select,button,textarea{background:#1c2229;color:#e3e7ec;border:1px solid #4a5561}}\
+header .live{font-weight:400}";
 
 /// One page: its title and body inside the shell.
 #[derive(Debug)]
@@ -43,6 +52,8 @@ pub(crate) struct Page {
     operator: Option<String>,
     /// Whether the dashboard takes an operator token (shows "sign in").
     can_sign_in: bool,
+    /// Whether the page reloads itself (`?live=N`), and its toggle; error pages have none.
+    live: Option<Live>,
 }
 
 impl Page {
@@ -52,7 +63,14 @@ impl Page {
             body,
             operator: None,
             can_sign_in: false,
+            live: None,
         }
+    }
+
+    /// Reloads the page every `live.every` seconds, and shows the header's toggle.
+    pub(crate) fn live(mut self, live: Live) -> Self {
+        self.live = Some(live);
+        self
     }
 
     /// Shows who is looking: a signed-in operator (with the CSRF token of the sign-out
@@ -70,6 +88,10 @@ impl Page {
                 head {
                     meta charset="utf-8";
                     title { (self.title) " · gen_durable" }
+                    meta name="color-scheme" content="light dark";
+                    @if let Some(every) = self.live.as_ref().and_then(|l| l.every) {
+                        meta http-equiv="refresh" content=(every);
+                    }
                     style { (PreEscaped(STYLE)) }
                 }
                 body {
@@ -79,6 +101,14 @@ impl Page {
                         a href="/instances" { "Instances" }
                         a href="/fsms" { "FSMs" }
                         a href="/limits" { "Flow control" }
+                        @if let Some(live) = &self.live {
+                            a.live id="live" href=(live.toggle) {
+                                @match live.every {
+                                    Some(n) => { "Live: every " (n) " s · stop" }
+                                    None => { "Live: off · start" }
+                                }
+                            }
+                        }
                         span.who {
                             @if let Some(csrf) = &self.operator {
                                 "operator · "
@@ -119,6 +149,29 @@ pub(crate) fn instance_link(id: i64) -> Markup {
 /// A time as the CLI prints it.
 pub(crate) fn time(t: &DateTime<Utc>) -> String {
     table::time(t)
+}
+
+/// A time as how long ago (or in how long) it is from `now`, the time itself on hover.
+pub(crate) fn when(now: DateTime<Utc>, t: DateTime<Utc>) -> Markup {
+    let secs = (now - t).num_milliseconds() as f64 / 1000.0;
+    let relative = if secs >= 0.0 {
+        format!("{} ago", table::span(secs))
+    } else {
+        format!("in {}", table::span(-secs))
+    };
+    html! { time datetime=(t.to_rfc3339()) title=(table::time(&t)) { (relative) } }
+}
+
+/// A time of a JSON row as the CLI prints it, then how long ago (or in how long) it is.
+pub(crate) fn json_when(now: DateTime<Utc>, v: &serde_json::Value) -> Markup {
+    let at = v
+        .as_str()
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| t.with_timezone(&Utc));
+    html! {
+        (table::json_time(v).unwrap_or_default())
+        @if let Some(t) = at { " (" (when(now, t)) ")" }
+    }
 }
 
 /// How long ago `t` was, seen from `now`.

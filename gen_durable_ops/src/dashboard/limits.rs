@@ -18,6 +18,7 @@ use maud::{html, Markup};
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
+use super::live::Live;
 use super::AppState;
 use crate::cli::table::{number, rate};
 use crate::store::limits::CappedBucketRow;
@@ -59,6 +60,7 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
+    live: Live,
 ) -> Result<Page, DashboardError> {
     let pool = &state.pool;
     // One clock for the page: the database's (the tokens are refilled to it).
@@ -171,6 +173,7 @@ pub(crate) async fn page(
         }
     };
     Ok(Page::new("Flow control", body)
+        .live(live)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }
 

@@ -50,6 +50,7 @@ mod instance;
 mod instances;
 mod layout;
 mod limits;
+mod live;
 mod metrics;
 mod operator;
 mod overview;
@@ -126,6 +127,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
             state.clone(),
             auth::csrf_cookie,
         ))
+        .layer(axum::middleware::from_fn(error::styled))
         .layer(axum::middleware::map_response(layout::security_headers))
         .with_state(state)
 }

@@ -15,6 +15,7 @@ use maud::html;
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
+use super::live::Live;
 use super::{chart, AppState};
 use crate::store::{admin, dashboard};
 use gen_durable::backend::counts::{self, Figure};
@@ -28,6 +29,7 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
+    live: Live,
 ) -> Result<Page, DashboardError> {
     let pool = &state.pool;
     // One clock for every figure of the page: the database's.
@@ -190,6 +192,7 @@ pub(crate) async fn page(
         }
     };
     Ok(Page::new("Overview", body)
+        .live(live)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }
 
