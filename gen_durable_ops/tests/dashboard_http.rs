@@ -665,6 +665,15 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
     )
     .await;
     assert_eq!(bad.status, StatusCode::CONFLICT, "{}", bad.body);
+    // Refused on the instance's own page, saying why, with its actions to try again.
+    for want in [
+        format!("Instance #{}", s.failed),
+        "id=\"refused\"".to_string(),
+        "nope".to_string(),
+        "id=\"restart\"".to_string(),
+    ] {
+        assert!(bad.body.contains(&want), "no {want:?} in {}", bad.body);
+    }
     let ok = act(
         format!("/instances/{}/restart", s.failed),
         format!("csrf={csrf}&step=ship"),
@@ -682,6 +691,13 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
     assert!(
         page.contains("id=\"restart\""),
         "the restart form for an operator"
+    );
+    // The step is chosen from the version's steps, its current one first selected.
+    assert!(
+        page.contains(
+            "<select name=\"step\" id=\"restart-step\"><option value=\"reserve\" selected>reserve</option><option value=\"ship\">ship</option></select>"
+        ),
+        "{page}"
     );
 
     // From the timeline: restart from an entry takes its step and state; a fork needs the
@@ -735,6 +751,16 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
     )
     .await;
     assert_eq!(paused.status, StatusCode::SEE_OTHER, "{}", paused.body);
+    // The overview it leads to says what was done.
+    assert_eq!(
+        paused.location.as_deref(),
+        Some("/?did=paused&queue=checkout")
+    );
+    let told = get_as(&app, "/?did=paused&queue=checkout", &jar).await;
+    assert!(
+        told.contains("Paused queue <code>checkout</code>: no node claims its rows"),
+        "{told}"
+    );
     let pauses: Vec<(String, Option<String>)> =
         sqlx::query_as("SELECT queue, reason FROM gd_queue_pauses ORDER BY queue")
             .fetch_all(db.pool())
@@ -751,6 +777,10 @@ async fn an_operator_restarts_pauses_resumes_and_acts_in_bulk_after_a_preview() 
     );
     let resumed = act("/queues/checkout/resume".into(), format!("csrf={csrf}")).await;
     assert_eq!(resumed.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        resumed.location.as_deref(),
+        Some("/?did=resumed&queue=checkout")
+    );
     let left: i64 =
         sqlx::query_scalar("SELECT count(*) FROM gd_queue_pauses WHERE queue = 'checkout'")
             .fetch_one(db.pool())

@@ -12,12 +12,13 @@ use axum::http::header::LOCATION;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Form, Router};
+use axum::{Extension, Form, Router};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::auth::authorize;
+use super::auth::{authorize, Csrf};
 use super::error::DashboardError;
+use super::instance::{self, Notice};
 use super::operator;
 use super::AppState;
 
@@ -89,6 +90,25 @@ pub(crate) fn redirect(to: &str) -> Response {
     res
 }
 
+/// The answer to an action on instance `id`: where `done` leads, or — when the engine
+/// refused it (a finished instance, a bad signal, an unknown step…) or its form did not
+/// parse — the instance's own page saying why, with its actions to try again (409, 400).
+pub(crate) async fn on_instance(
+    state: &AppState,
+    csrf: &Csrf,
+    headers: &HeaderMap,
+    id: i64,
+    done: Result<Response, DashboardError>,
+) -> Result<Response, DashboardError> {
+    let (status, why) = match done {
+        Err(DashboardError::Refused(e)) => (StatusCode::CONFLICT, e.to_string()),
+        Err(DashboardError::BadRequest(why)) => (StatusCode::BAD_REQUEST, why),
+        other => return other,
+    };
+    let page = instance::render(state, csrf, headers, id, Notice::Refused(why)).await?;
+    Ok((status, page).into_response())
+}
+
 /// The engine's answer to an action: its refusals (unknown or finished instance, a bad
 /// signal) are the operator's to read, not server failures.
 pub(crate) fn refused(e: gen_durable::Error) -> DashboardError {
@@ -101,37 +121,53 @@ pub(crate) fn refused(e: gen_durable::Error) -> DashboardError {
 
 async fn cancel(
     State(state): State<AppState>,
+    Extension(page_csrf): Extension<Csrf>,
     Path(id): Path<i64>,
     headers: HeaderMap,
     Form(form): Form<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?
+    let gd = authorize(&state, &headers, &form.csrf)?;
+    let done = gd
         .cancel(id)
         .await
-        .map_err(refused)?;
-    Ok(back_to(id, "cancelled"))
+        .map(|_| back_to(id, "cancelled"))
+        .map_err(refused);
+    on_instance(&state, &page_csrf, &headers, id, done).await
 }
 
 async fn retry(
     State(state): State<AppState>,
+    Extension(page_csrf): Extension<Csrf>,
     Path(id): Path<i64>,
     headers: HeaderMap,
     Form(form): Form<CsrfOnly>,
 ) -> Result<Response, DashboardError> {
-    authorize(&state, &headers, &form.csrf)?
+    let gd = authorize(&state, &headers, &form.csrf)?;
+    let done = gd
         .retry(id)
         .await
-        .map_err(refused)?;
-    Ok(back_to(id, "retried"))
+        .map(|_| back_to(id, "retried"))
+        .map_err(refused);
+    on_instance(&state, &page_csrf, &headers, id, done).await
 }
 
 async fn signal(
     State(state): State<AppState>,
+    Extension(page_csrf): Extension<Csrf>,
     Path(id): Path<i64>,
     headers: HeaderMap,
     Form(form): Form<SignalForm>,
 ) -> Result<Response, DashboardError> {
     let gd = authorize(&state, &headers, &form.csrf)?;
+    let done = send_signal(&gd, id, &form).await;
+    on_instance(&state, &page_csrf, &headers, id, done).await
+}
+
+async fn send_signal(
+    gd: &gen_durable::Client,
+    id: i64,
+    form: &SignalForm,
+) -> Result<Response, DashboardError> {
     let raw = if form.payload.trim().is_empty() {
         "null"
     } else {

@@ -64,6 +64,16 @@ pub(crate) struct Params {
     did: Option<String>,
 }
 
+/// What the page says first: what the action that led here did, or why it was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Notice {
+    None,
+    /// `?did=…` after an action.
+    Did(String),
+    /// The engine refused an action on this instance (or its form did not parse): why.
+    Refused(String),
+}
+
 pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
@@ -75,6 +85,20 @@ pub(crate) async fn page(
     let id: i64 = id
         .parse()
         .map_err(|_| DashboardError::BadRequest(format!("{id:?} is not an instance id")))?;
+    let notice = params.did.map_or(Notice::None, Notice::Did);
+    Ok(render(&state, &csrf, &headers, id, notice)
+        .await?
+        .live(reload))
+}
+
+/// Instance `id`'s page, `notice` at its top.
+pub(crate) async fn render(
+    state: &AppState,
+    csrf: &Csrf,
+    headers: &HeaderMap,
+    id: i64,
+    notice: Notice,
+) -> Result<Page, DashboardError> {
     // One clock for the page's relative times and its timeline: the database's.
     let now = admin::db_now(&state.pool, None).await?;
     let found = admin::inspect(&state.pool, id, admin::INSPECT_LIST_LIMIT)
@@ -89,7 +113,7 @@ pub(crate) async fn page(
     let get = |k: &str| row.get(k).cloned().unwrap_or(Value::Null);
     let status = get("status").as_str().unwrap_or_default().to_string();
     let live = !matches!(status.as_str(), "done" | "failed");
-    let operator = auth::is_operator(&state, &headers);
+    let operator = auth::is_operator(state, headers);
     let by_status = found
         .children_by_status
         .as_object()
@@ -97,11 +121,21 @@ pub(crate) async fn page(
         .unwrap_or_default();
     let children_total: i64 = by_status.values().filter_map(Value::as_i64).sum();
     let inbox = found.inbox.as_array().cloned().unwrap_or_default();
+    // The restart form's choices: the version's steps, as a live node announces them.
+    let steps = if operator && status != "executing" {
+        let fsm = get("fsm");
+        let version = get("fsm_version").as_i64().unwrap_or_default();
+        dashboard::version_steps(&state.pool, fsm.as_str().unwrap_or_default(), version).await?
+    } else {
+        Vec::new()
+    };
 
     let body = html! {
         h1 { "Instance #" (id) " · " (table::cell(&get("fsm"))) " v" (table::cell(&get("fsm_version"))) " " (layout::status(&status)) }
-        @if let Some(did) = &params.did {
-            p.notice id="notice" { (did_text(did)) }
+        @match &notice {
+            Notice::Did(did) => p.notice id="notice" { (did_text(did)) },
+            Notice::Refused(why) => p.error id="refused" { "Refused: " (why) },
+            Notice::None => {},
         }
         @if let Some(line) = &explain {
             p id="explain" { strong { "Why: " } (line) }
@@ -130,12 +164,12 @@ pub(crate) async fn page(
             }
         }
         @if operator {
-            (actions(id, &status, live, &csrf))
+            (actions(id, &status, live, csrf, &get("step"), &steps))
         }
         h2 { "State" }
         pre id="state" { (pretty(&get("state"))) }
         h2 { "Timeline" }
-        (timeline::timeline(id, &history.entries, history.next.is_some(), now, operator.then_some(&csrf)))
+        (timeline::timeline(id, &history.entries, history.next.is_some(), now, operator.then_some(csrf)))
         @if !get("result").is_null() {
             h2 { "Result" }
             pre id="result" { (pretty(&get("result"))) }
@@ -174,7 +208,6 @@ pub(crate) async fn page(
         }
     };
     Ok(Page::new(&format!("Instance {id}"), body)
-        .live(reload)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
 }
 
@@ -184,7 +217,7 @@ fn did_text(did: &str) -> &'static str {
         "retried" => "Retried: runnable again at the step it failed in.",
         "signalled" => "Signal delivered.",
         "forked" => "Forked: this instance started from a past step of another (its timeline says which).",
-        "restarted" => "Restarted: runnable now at the step asked for.",
+        "restarted" => "Restarted: runnable now at the step asked for (its step above), its attempts counted afresh.",
         _ => "Done.",
     }
 }
@@ -231,7 +264,15 @@ fn level(parent: i64, by_parent: &BTreeMap<i64, Vec<&TreeRow>>) -> Markup {
 /// The forms of the actions `status` allows. Restart-from-step, bulk actions and
 /// pause/resume (being built apart) add their forms here and their routes in
 /// `actions::routes`.
-fn actions(id: i64, status: &str, live: bool, csrf: &Csrf) -> Markup {
+fn actions(
+    id: i64,
+    status: &str,
+    live: bool,
+    csrf: &Csrf,
+    step: &Value,
+    steps: &[String],
+) -> Markup {
+    let current = step.as_str().unwrap_or_default();
     html! {
         h2 { "Actions" }
         div.actions {
@@ -257,7 +298,15 @@ fn actions(id: i64, status: &str, live: bool, csrf: &Csrf) -> Markup {
             @if status != "executing" {
                 form method="post" action=(format!("/instances/{id}/restart")) {
                     input type="hidden" name="csrf" value=(csrf.0);
-                    input name="step" placeholder="step name" required;
+                    @if steps.is_empty() {
+                        input name="step" placeholder="step name" required;
+                    } @else {
+                        select name="step" id="restart-step" {
+                            @for s in steps {
+                                option value=(s) selected[s == current] { (s) }
+                            }
+                        }
+                    }
                     button type="submit" id="restart" { "Restart from step" }
                 }
             }

@@ -7,12 +7,12 @@
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Form;
+use axum::{Extension, Form};
 use maud::html;
 use serde::Deserialize;
 
-use super::actions::{back_to, redirect, refused};
-use super::auth::authorize;
+use super::actions::{back_to, on_instance, redirect, refused};
+use super::auth::{authorize, Csrf};
 use super::error::DashboardError;
 use super::layout::Page;
 use super::overview::urlencode;
@@ -49,30 +49,40 @@ fn entry_of(raw: &str) -> Result<i64, DashboardError> {
 
 pub(crate) async fn restart(
     State(state): State<AppState>,
+    Extension(page_csrf): Extension<Csrf>,
     Path(id): Path<i64>,
     headers: HeaderMap,
     Form(form): Form<RestartForm>,
 ) -> Result<Response, DashboardError> {
     let gd = authorize(&state, &headers, &form.csrf)?;
-    if form.entry.trim().is_empty() {
-        gd.restart(id, form.step.trim()).await
-    } else {
-        gd.restart_from(id, entry_of(&form.entry)?).await
+    let done = async {
+        if form.entry.trim().is_empty() {
+            gd.restart(id, form.step.trim()).await
+        } else {
+            gd.restart_from(id, entry_of(&form.entry)?).await
+        }
+        .map_err(refused)?;
+        Ok(back_to(id, "restarted"))
     }
-    .map_err(refused)?;
-    Ok(back_to(id, "restarted"))
+    .await;
+    on_instance(&state, &page_csrf, &headers, id, done).await
 }
 
 /// Forks instance `id` from a history entry; shows the new instance.
 pub(crate) async fn fork(
     State(state): State<AppState>,
+    Extension(page_csrf): Extension<Csrf>,
     Path(id): Path<i64>,
     headers: HeaderMap,
     Form(form): Form<ForkForm>,
 ) -> Result<Response, DashboardError> {
     let gd = authorize(&state, &headers, &form.csrf)?;
-    let fork = gd.fork(id, entry_of(&form.entry)?).await.map_err(refused)?;
-    Ok(back_to(fork, "forked"))
+    let done = async {
+        let fork = gd.fork(id, entry_of(&form.entry)?).await.map_err(refused)?;
+        Ok(back_to(fork, "forked"))
+    }
+    .await;
+    on_instance(&state, &page_csrf, &headers, id, done).await
 }
 
 /// The pause form (resume needs only the CSRF token).
@@ -93,7 +103,10 @@ pub(crate) async fn pause(
     let gd = authorize(&state, &headers, &form.csrf)?;
     let reason = Some(form.reason.trim()).filter(|r| !r.is_empty());
     gd.pause_queue(&queue, reason).await.map_err(refused)?;
-    Ok(redirect("/?did=paused"))
+    Ok(redirect(&format!(
+        "/?did=paused&queue={}",
+        urlencode(&queue)
+    )))
 }
 
 pub(crate) async fn resume(
@@ -106,7 +119,10 @@ pub(crate) async fn resume(
         .resume_queue(&queue)
         .await
         .map_err(refused)?;
-    Ok(redirect("/?did=resumed"))
+    Ok(redirect(&format!(
+        "/?did=resumed&queue={}",
+        urlencode(&queue)
+    )))
 }
 
 /// The bulk form: the instances page's filter, the action, and whether to preview it.

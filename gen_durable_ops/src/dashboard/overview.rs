@@ -7,10 +7,11 @@
 //! status`, which reads the whole table for exact counts, a page must stay fast at any
 //! size.
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::Extension;
 use maud::html;
+use serde::Deserialize;
 
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
@@ -25,11 +26,19 @@ use gen_durable::Status;
 /// figure shows the sample's estimate, or "1,000+".
 const EXACT_CAP: i64 = 1_000;
 
+/// `?did=paused&queue=Q` (or `resumed`): what the action that led here did.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Params {
+    did: Option<String>,
+    queue: Option<String>,
+}
+
 pub(crate) async fn page(
     State(state): State<AppState>,
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
     live: Live,
+    Query(params): Query<Params>,
 ) -> Result<Page, DashboardError> {
     let pool = &state.pool;
     // One clock for every figure of the page: the database's.
@@ -57,6 +66,15 @@ pub(crate) async fn page(
         pauses.iter().map(|p| p.queue.as_str()).collect();
     let body = html! {
         h1 { "Overview" }
+        @if let (Some(did), Some(queue)) = (&params.did, &params.queue) {
+            p.notice id="notice" {
+                @match did.as_str() {
+                    "paused" => { "Paused queue " code { (queue) } ": no node claims its rows until it is resumed; rows already claimed finish their step." }
+                    "resumed" => { "Resumed queue " code { (queue) } ": its nodes pick at once." }
+                    _ => { "Done." }
+                }
+            }
+        }
         p.note { "as of " (layout::time(&now)) }
         @if !pauses.is_empty() {
             h2 { "Paused queues" }

@@ -213,6 +213,33 @@ pub(crate) async fn tree<'e>(
         .await?)
 }
 
+/// The steps of FSM version `$1` (`name@version`) in their declared order, as the live
+/// node seen last that runs it announces them (`gd_nodes.steps`): the restart form's
+/// choices. A small table, one node's list.
+pub(crate) const VERSION_STEPS: &str = r#"/* gd:dashboard */
+SELECT s.step
+  FROM (SELECT n.steps -> $1 AS list FROM gd_nodes n
+         WHERE n.steps ? $1
+           AND n.last_seen_at > now() - $2 * interval '1 millisecond'
+         ORDER BY n.last_seen_at DESC
+         LIMIT 1) n,
+       jsonb_array_elements_text(n.list) WITH ORDINALITY s(step, k)
+ ORDER BY s.k
+"#;
+
+/// [`VERSION_STEPS`] of `fsm` version `version`: empty when no live node announces it.
+pub(crate) async fn version_steps<'e>(
+    db: impl PgExecutor<'e>,
+    fsm: &str,
+    version: i64,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(VERSION_STEPS)
+        .bind(format!("{fsm}@{version}"))
+        .bind(super::admin::NODE_LIVE_WINDOW_MS)
+        .fetch_all(db)
+        .await?)
+}
+
 /// The (FSM, version) pairs present in a sample of the table, with their live and total
 /// rows in it. No index has the FSM, so an exact answer would read every row; instead
 /// `TABLESAMPLE SYSTEM ($1)` reads each page with probability `$1`% (the percentage
@@ -278,6 +305,11 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
         ),
         ("overview: throughput", THROUGHPUT, vec![t(30)]),
         ("overview: pauses", PAUSES, vec![]),
+        (
+            "instance: the version's steps (restart form)",
+            VERSION_STEPS,
+            vec![Param::Text("Checkout@1"), Param::Int(60_000)],
+        ),
         ("overview: schedules", admin::SCHEDULES, vec![]),
         (
             "overview: expired leases",
