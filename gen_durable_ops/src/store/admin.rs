@@ -235,23 +235,28 @@ pub(crate) async fn schedules<'e>(db: impl PgExecutor<'e>) -> Result<Vec<Schedul
 
 /// One instance with its inbox and children, in one statement and so one snapshot (an
 /// inbox read after the row could show a signal the row's status already consumed).
+/// Statuses are the ones readers see (`gd_status_of`: a plain row whose step runs from the
+/// ready log is `executing`, though its column says `runnable`), and such a row's
+/// `locked_by` is its batch's node (`gd_holder`).
 /// The row comes back as JSON (`to_jsonb`), every column included, so `inspect --json`
 /// shows exactly what is stored; `unique_guard` is dropped, being derived. Inbox and
 /// children are counted in full but listed only up to `$2`, by id: a parent of 10,000
 /// children must not print them all. Children come from the `parent_id` index.
 pub(crate) const INSPECT: &str = r#"/* gd:admin */
-SELECT to_jsonb(i) - 'unique_guard' AS row,
+SELECT to_jsonb(i) - 'unique_guard'
+           || jsonb_build_object('status', gd_status_of(i), 'locked_by', gd_holder(i)) AS row,
        (SELECT count(*) FROM gd_signals s WHERE s.target_id = i.id) AS inbox_total,
        (SELECT coalesce(jsonb_agg(to_jsonb(s) - 'target_id' ORDER BY s.id), '[]')
           FROM (SELECT * FROM gd_signals WHERE target_id = i.id ORDER BY id LIMIT $2) s) AS inbox,
        (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
-          FROM (SELECT status, count(*) AS n FROM gd_instances
-                 WHERE parent_id = i.id GROUP BY status) c) AS children_by_status,
+          FROM (SELECT gd_status_of(c) AS status, count(*) AS n FROM gd_instances c
+                 WHERE c.parent_id = i.id GROUP BY 1) c) AS children_by_status,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', c.id, 'fsm', c.fsm, 'fsm_version', c.fsm_version, 'step', c.step,
-                   'status', c.status, 'result', c.result, 'last_error', c.last_error,
+                   'status', c.shown, 'result', c.result, 'last_error', c.last_error,
                    'updated_at', c.updated_at) ORDER BY c.id), '[]')
-          FROM (SELECT * FROM gd_instances WHERE parent_id = i.id ORDER BY id LIMIT $2) c) AS children
+          FROM (SELECT c.*, gd_status_of(c) AS shown FROM gd_instances c
+                 WHERE c.parent_id = i.id ORDER BY c.id LIMIT $2) c) AS children
   FROM gd_instances i
  WHERE i.id = $1
 "#;

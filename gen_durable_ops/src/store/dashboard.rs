@@ -68,9 +68,9 @@ pub(crate) async fn pauses<'e>(db: impl PgExecutor<'e>) -> Result<Vec<PauseRow>>
 const PAGE: &str = r#"/* gd:dashboard */
 SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.attempt,
        w.unique_key, w.parent_id, w.last_error, w.inserted_at, w.updated_at
-  FROM (SELECT id, fsm, fsm_version, step, status, queue, attempt, unique_key, parent_id,
-               last_error, inserted_at, updated_at
-          FROM gd_instances
+  FROM (SELECT id, fsm, fsm_version, step, gd_status_of(g) AS status, queue, attempt,
+               unique_key, parent_id, last_error, inserted_at, updated_at
+          FROM gd_instances g
          WHERE id < $1
          ORDER BY id DESC
          LIMIT $2) w
@@ -87,13 +87,13 @@ SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.
 /// id)` gives exactly its rows, newest first, so no window is needed (`$2` is the key;
 /// the other parameters are [`PAGE`]'s).
 const PAGE_BY_KEY: &str = r#"/* gd:dashboard */
-SELECT id, fsm, fsm_version, step, status::text AS status, queue, attempt, unique_key,
-       parent_id, last_error, inserted_at, updated_at
-  FROM gd_instances
+SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attempt,
+       unique_key, parent_id, last_error, inserted_at, updated_at
+  FROM gd_instances g
  WHERE unique_key = $2 AND id < $1
    AND ($3::text IS NULL OR queue = $3)
    AND ($4::text IS NULL OR fsm = $4)
-   AND ($5::text IS NULL OR status = $5::text::gd_status)
+   AND ($5::text IS NULL OR gd_status_of(g) = $5::text::gd_status)
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
  ORDER BY id DESC
@@ -175,10 +175,10 @@ pub(crate) async fn window_end<'e>(
 /// 10,000 children costs `$3` index probes.
 const TREE: &str = r#"/* gd:dashboard */
 WITH RECURSIVE tree AS (
-    SELECT id, parent_id, fsm, fsm_version, step, status, 1 AS depth
-      FROM gd_instances WHERE parent_id = $1
+    SELECT g.id, g.parent_id, g.fsm, g.fsm_version, g.step, gd_status_of(g) AS status, 1 AS depth
+      FROM gd_instances g WHERE g.parent_id = $1
     UNION ALL
-    SELECT c.id, c.parent_id, c.fsm, c.fsm_version, c.step, c.status, t.depth + 1
+    SELECT c.id, c.parent_id, c.fsm, c.fsm_version, c.step, gd_status_of(c), t.depth + 1
       FROM tree t JOIN gd_instances c ON c.parent_id = t.id
      WHERE t.depth < $2
 )

@@ -71,8 +71,8 @@ SELECT i.id, i.fsm, i.fsm_version, i.queue,
                                    WHERE c.parent_id = i.id LIMIT $4) x) END AS children_total,
        CASE WHEN i.status = 'awaiting_children' THEN
            (SELECT jsonb_agg(jsonb_build_object('id', c.id, 'fsm', c.fsm, 'step', c.step,
-                                                'status', c.status) ORDER BY c.id)
-              FROM (SELECT * FROM gd_instances c
+                                                'status', c.shown) ORDER BY c.id)
+              FROM (SELECT c.id, c.fsm, c.step, gd_status_of(c) AS shown FROM gd_instances c
                      WHERE c.parent_id = i.id AND c.status NOT IN ('done', 'failed')
                      ORDER BY c.id + 0 LIMIT $5) c) END AS waiting_on,
        p.paused_at, p.reason AS pause_reason,
