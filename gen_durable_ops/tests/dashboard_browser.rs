@@ -490,7 +490,7 @@ async fn live_reload_dark_mode_and_error_pages_in_a_real_browser() {
         return;
     };
     let db = TestDb::new().await;
-    seed(db.pool()).await;
+    let s = seed(db.pool()).await;
     let base = serve(db.pool().clone()).await;
     let driver = start_driver(&path).await;
     let c = browser(&driver).await;
@@ -545,6 +545,25 @@ async fn live_reload_dark_mode_and_error_pages_in_a_real_browser() {
         .expect("a relative time");
     assert!(when.text().await.unwrap().ends_with(" ago"));
     assert!(when.attr("title").await.unwrap().unwrap().ends_with("UTC"));
+
+    // Finding an instance by its id, from the list's form; its children from its page's
+    // filter, the FSM typed in another case.
+    c.goto(&format!("{base}/instances")).await.unwrap();
+    c.find(Locator::Css("input[name='id']"))
+        .await
+        .unwrap()
+        .send_keys(&s.parent.to_string())
+        .await
+        .unwrap();
+    click_to(&c, "#go", &format!("/instances/{}", s.parent)).await;
+    c.goto(&format!("{base}/instances?parent={}&fsm=fanout", s.parent))
+        .await
+        .unwrap();
+    let rows = c
+        .find_all(Locator::Css("#instances tr[data-id]"))
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 2, "the parent's two children");
 
     // An unknown page: the dashboard's page, saying so, with the way back.
     c.goto(&format!("{base}/no/such/page")).await.unwrap();

@@ -1005,3 +1005,78 @@ async fn bad_requests_and_unknown_routes_get_the_dashboards_error_page() {
     assert!(r.body.contains("id=\"error\""), "{}", r.body);
     db.close().await;
 }
+
+/// Finding: a queue or FSM in another case is the one in use (offered in pick lists), an
+/// error's text in any case, a parent's children, an id straight to its page; with a
+/// filter a bulk action cannot take, the bulk form says so instead of acting on more.
+#[tokio::test]
+async fn the_list_finds_by_any_case_error_text_parent_and_id() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
+    );
+    let ids = |body: &str| -> Vec<i64> {
+        body.split("<tr data-id=\"")
+            .skip(1)
+            .map(|r| r[..r.find('"').unwrap()].parse().unwrap())
+            .collect()
+    };
+
+    let l = get(&app, "/instances?fsm=checkout&queue=CHECKOUT&status=failed").await;
+    assert_eq!(l.status, StatusCode::OK, "{}", l.body);
+    assert_eq!(ids(&l.body), vec![s.failed], "{}", l.body);
+    assert!(
+        l.body.contains("value=\"Checkout\""),
+        "the name in use shown"
+    );
+    for pick in [
+        "<datalist id=\"queues\">",
+        "<option value=\"fanout\">",
+        "<datalist id=\"fsms\">",
+        "<option value=\"Fanout\">",
+    ] {
+        assert!(l.body.contains(pick), "no {pick} in {}", l.body);
+    }
+
+    let e = get(&app, "/instances?error=PROVIDER%20said").await;
+    assert_eq!(ids(&e.body), vec![s.failed], "{}", e.body);
+    let pct = get(&app, "/instances?error=100%25").await;
+    assert!(
+        ids(&pct.body).is_empty(),
+        "a % is a character, not a wildcard"
+    );
+
+    let c = get(&app, &format!("/instances?parent={}", s.parent)).await;
+    assert_eq!(ids(&c.body), vec![s.child_mid, s.child_done], "{}", c.body);
+    assert!(c.body.contains("id=\"parent-of\""), "{}", c.body);
+    let g = get(
+        &app,
+        &format!("/instances?parent={}&status=runnable", s.child_mid),
+    )
+    .await;
+    assert_eq!(ids(&g.body), vec![s.grandchild], "{}", g.body);
+
+    let go = get(&app, &format!("/instances?id={}", s.parked)).await;
+    assert_eq!(go.status, StatusCode::SEE_OTHER);
+    assert_eq!(go.location, Some(format!("/instances/{}", s.parked)));
+    let bad = get(&app, "/instances?id=x").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+
+    // The bulk form acts on queue, FSM and status: with an error filter on, it says so.
+    let jar = format!("gd_csrf={}", csrf_of(&app).await);
+    let req = Request::get("/instances?fsm=Checkout&error=said")
+        .header(header::COOKIE, &jar)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let narrowed = send(&app, req).await;
+    assert!(
+        narrowed.body.contains("id=\"bulk-narrower\""),
+        "{}",
+        narrowed.body
+    );
+    assert!(!narrowed.body.contains("id=\"bulk\""), "{}", narrowed.body);
+    db.close().await;
+}

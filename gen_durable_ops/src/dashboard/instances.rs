@@ -4,11 +4,13 @@
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::html;
 use serde::Deserialize;
 
+use super::actions::redirect;
 use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
@@ -31,6 +33,12 @@ pub(crate) struct Params {
     fsm: Option<String>,
     status: Option<String>,
     key: Option<String>,
+    /// Only this instance's children.
+    parent: Option<String>,
+    /// Text its last error contains (any case).
+    error: Option<String>,
+    /// Go straight to this instance's page.
+    id: Option<String>,
     /// Inserted at or after (`2026-12-02T10:00`, UTC, or RFC 3339).
     since: Option<String>,
     /// Inserted before.
@@ -71,11 +79,20 @@ impl Params {
                 return Err(DashboardError::BadRequest(format!("unknown status {s:?}")));
             }
         }
+        let parent = given(&self.parent)
+            .map(|p| {
+                p.parse().map_err(|_| {
+                    DashboardError::BadRequest(format!("parent {p:?} is not an instance id"))
+                })
+            })
+            .transpose()?;
         Ok(ListFilter {
             queue: given(&self.queue),
             fsm: given(&self.fsm),
             status,
             key: given(&self.key),
+            parent,
+            error: given(&self.error),
             since: given(&self.since)
                 .map(|v| parse_time("since", &v))
                 .transpose()?,
@@ -102,6 +119,8 @@ impl Params {
             ("fsm", &self.fsm),
             ("status", &self.status),
             ("key", &self.key),
+            ("parent", &self.parent),
+            ("error", &self.error),
             ("since", &self.since),
             ("until", &self.until),
         ] {
@@ -118,8 +137,19 @@ pub(crate) async fn page(
     Extension(csrf): Extension<Csrf>,
     headers: HeaderMap,
     live: Live,
-    Query(params): Query<Params>,
-) -> Result<Page, DashboardError> {
+    Query(mut params): Query<Params>,
+) -> Result<Response, DashboardError> {
+    if let Some(id) = given(&params.id) {
+        let id: i64 = id
+            .parse()
+            .map_err(|_| DashboardError::BadRequest(format!("{id:?} is not an instance id")))?;
+        return Ok(redirect(&format!("/instances/{id}")));
+    }
+    // A queue or FSM named in another case is the one in use of that name, so that the
+    // list and the bulk form act on the same rows.
+    let (queues, fsms) = dashboard::names(&state.pool).await?;
+    params.queue = given(&params.queue).map(|q| in_use(q, &queues));
+    params.fsm = given(&params.fsm).map(|f| in_use(f, &fsms));
     let filter = params.filter()?;
     let before = params.cursor()?;
     let now = admin::db_now(&state.pool, None).await?;
@@ -128,7 +158,7 @@ pub(crate) async fn page(
     // whole window: it goes on below the window, if any row is left there.
     let next = if rows.len() as i64 == PAGE_SIZE {
         rows.last().map(|r| r.id)
-    } else if filter.key.is_none() {
+    } else if filter.key.is_none() && filter.parent.is_none() {
         match dashboard::window_end(&state.pool, before, WINDOW).await? {
             Some(end) => dashboard::window_end(&state.pool, end, 1)
                 .await?
@@ -139,12 +169,21 @@ pub(crate) async fn page(
         None
     };
     let v = |o: &Option<String>| o.clone().unwrap_or_default();
+    // Filters a bulk action cannot take: with one of them on, the form would act on more
+    // rows than the list shows.
+    let narrower = filter.key.is_some()
+        || filter.parent.is_some()
+        || filter.error.is_some()
+        || filter.since.is_some()
+        || filter.until.is_some();
     let operator = auth::is_operator(&state, &headers);
     let body = html! {
         h1 { "Instances" }
         form.filters method="get" action="/instances" {
-            label { "queue " input name="queue" value=(v(&params.queue)) size="10"; }
-            label { "FSM " input name="fsm" value=(v(&params.fsm)) size="12"; }
+            label { "queue " input name="queue" list="queues" value=(v(&params.queue)) size="10"; }
+            datalist id="queues" { @for q in &queues { option value=(q) {} } }
+            label { "FSM " input name="fsm" list="fsms" value=(v(&params.fsm)) size="12"; }
+            datalist id="fsms" { @for f in &fsms { option value=(f) {} } }
             label { "status "
                 select name="status" {
                     option value="" { "any" }
@@ -154,12 +193,26 @@ pub(crate) async fn page(
                 }
             }
             label { "key " input name="key" value=(v(&params.key)) size="14"; }
+            label { "error contains " input name="error" value=(v(&params.error)) size="14"; }
+            label { "children of #" input name="parent" value=(v(&params.parent)) size="8"; }
             label { "inserted since " input type="datetime-local" name="since" value=(v(&params.since)); }
             label { "until " input type="datetime-local" name="until" value=(v(&params.until)); }
             button type="submit" { "Filter" }
             " " a href="/instances" { "clear" }
         }
-        @if operator && (params.queue.is_some() || params.fsm.is_some()) {
+        form.filters method="get" action="/instances" {
+            label { "Instance #" input name="id" size="10" required; }
+            button type="submit" id="go" { "Open" }
+        }
+        @if let Some(p) = filter.parent {
+            p id="parent-of" { "The children of " (layout::instance_link(p)) "." }
+        }
+        @if operator && (params.queue.is_some() || params.fsm.is_some()) && narrower {
+            p.note id="bulk-narrower" {
+                "Bulk actions take the queue, FSM and status only: clear the key, error, parent and time filters to act on every instance they match."
+            }
+        }
+        @if operator && (params.queue.is_some() || params.fsm.is_some()) && !narrower {
             form.bulk method="post" action="/bulk" id="bulk" {
                 input type="hidden" name="csrf" value=(csrf.0);
                 input type="hidden" name="queue" value=(v(&params.queue));
@@ -215,5 +268,18 @@ pub(crate) async fn page(
     };
     Ok(Page::new("Instances", body)
         .live(live)
-        .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
+        .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some())
+        .into_response())
+}
+
+/// `name` as it is in use in `known` when only its case differs; as given otherwise.
+fn in_use(name: String, known: &[String]) -> String {
+    if known.contains(&name) {
+        return name;
+    }
+    let mut same = known.iter().filter(|k| k.eq_ignore_ascii_case(&name));
+    match (same.next(), same.next()) {
+        (Some(one), None) => one.clone(),
+        _ => name,
+    }
 }

@@ -79,6 +79,7 @@ SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.
    AND ($5::text IS NULL OR w.status = $5::text::gd_status)
    AND ($6::timestamptz IS NULL OR w.inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR w.inserted_at < $7)
+   AND ($9::text IS NULL OR w.last_error ILIKE $9)
  ORDER BY w.id DESC
  LIMIT $8
 "#;
@@ -96,9 +97,49 @@ SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attem
    AND ($5::text IS NULL OR gd_status_of(g) = $5::text::gd_status)
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
+   AND ($9::text IS NULL OR last_error ILIKE $9)
  ORDER BY id DESC
  LIMIT $8
 "#;
+
+/// The same page for one parent's children: the parent index `gd_instances_parent
+/// (parent_id)` gives exactly them (`$2` is the parent; the other parameters are
+/// [`PAGE`]'s), newest first.
+const PAGE_BY_PARENT: &str = r#"/* gd:dashboard */
+SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attempt,
+       unique_key, parent_id, last_error, inserted_at, updated_at
+  FROM gd_instances g
+ WHERE parent_id = $2 AND id < $1
+   AND ($3::text IS NULL OR queue = $3)
+   AND ($4::text IS NULL OR fsm = $4)
+   AND ($5::text IS NULL OR gd_status_of(g) = $5::text::gd_status)
+   AND ($6::timestamptz IS NULL OR inserted_at >= $6)
+   AND ($7::timestamptz IS NULL OR inserted_at < $7)
+   AND ($9::text IS NULL OR last_error ILIKE $9)
+ ORDER BY id DESC
+ LIMIT $8
+"#;
+
+/// The queue and FSM names in use, for the list's pick lists and to read a filter's name
+/// without regard to case: what nodes announce, and the ready log's lanes (one per queue,
+/// FSM and priority that ever had a plain row). Two small tables.
+const NAMES: &str = r#"/* gd:dashboard */
+SELECT 'queue' AS kind, q AS name FROM gd_nodes, unnest(queues) q
+UNION SELECT 'fsm', split_part(f, '@', 1) FROM gd_nodes, unnest(fsms) f
+UNION SELECT 'queue', queue FROM gd_lanes
+UNION SELECT 'fsm', fsm FROM gd_lanes
+ ORDER BY 1, 2
+"#;
+
+/// The queue names and the FSM names in use ([`NAMES`]).
+pub(crate) async fn names<'e>(db: impl PgExecutor<'e>) -> Result<(Vec<String>, Vec<String>)> {
+    let rows: Vec<(String, String)> = sqlx::query_as(NAMES).fetch_all(db).await?;
+    let (queues, fsms): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(k, _)| k == "queue");
+    Ok((
+        queues.into_iter().map(|(_, n)| n).collect(),
+        fsms.into_iter().map(|(_, n)| n).collect(),
+    ))
+}
 
 /// The lowest id of a window (see [`PAGE`]): an index-only scan of `$2` primary-key
 /// entries. `NULL` when no row is below the cursor.
@@ -113,6 +154,10 @@ pub(crate) struct ListFilter {
     pub(crate) fsm: Option<String>,
     pub(crate) status: Option<String>,
     pub(crate) key: Option<String>,
+    /// The children of this instance only.
+    pub(crate) parent: Option<i64>,
+    /// Text the last error contains, any case.
+    pub(crate) error: Option<String>,
     pub(crate) since: Option<DateTime<Utc>>,
     pub(crate) until: Option<DateTime<Utc>>,
 }
@@ -143,17 +188,26 @@ pub(crate) async fn page<'e>(
     window: i64,
     limit: i64,
 ) -> Result<Vec<ListRow>> {
-    let q = match &filter.key {
-        Some(key) => sqlx::query_as(PAGE_BY_KEY).bind(before).bind(key.clone()),
-        None => sqlx::query_as(PAGE).bind(before).bind(window),
+    let q = match (&filter.key, filter.parent) {
+        (Some(key), _) => sqlx::query_as(PAGE_BY_KEY).bind(before).bind(key.clone()),
+        (None, Some(parent)) => sqlx::query_as(PAGE_BY_PARENT).bind(before).bind(parent),
+        (None, None) => sqlx::query_as(PAGE).bind(before).bind(window),
     };
+    let contains = filter.error.as_deref().map(|e| {
+        let escaped = e
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    });
     let q = q
         .bind(&filter.queue)
         .bind(&filter.fsm)
         .bind(&filter.status)
         .bind(filter.since)
         .bind(filter.until)
-        .bind(limit);
+        .bind(limit)
+        .bind(contains);
     Ok(q.fetch_all(db).await?)
 }
 
@@ -333,6 +387,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
+                Param::NullText,
             ],
         ),
         (
@@ -347,6 +402,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
+                Param::NullText,
             ],
         ),
         (
@@ -361,8 +417,25 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
+                Param::NullText,
             ],
         ),
+        (
+            "instances: one parent's children, error contains \"declined\"",
+            PAGE_BY_PARENT,
+            vec![
+                Param::Int(i64::MAX),
+                Param::Int(id),
+                Param::NullText,
+                Param::NullText,
+                Param::NullText,
+                Param::NullTime,
+                Param::NullTime,
+                Param::Int(50),
+                Param::Text("%declined%"),
+            ],
+        ),
+        ("instances: queue and FSM names", NAMES, vec![]),
         (
             "instances: window end",
             WINDOW_END,
