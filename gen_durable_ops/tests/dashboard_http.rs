@@ -1080,3 +1080,52 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
     assert!(!narrowed.body.contains("id=\"bulk\""), "{}", narrowed.body);
     db.close().await;
 }
+
+/// The overview says, per queue, why its runnable rows are not running: paused, no live
+/// node picks the queue, or ready and waiting for a worker (and how many are not due yet).
+#[tokio::test]
+async fn the_overview_says_why_each_queues_rows_wait() {
+    let db = TestDb::new().await;
+    seed(db.pool()).await;
+    let app = router(db.pool().clone());
+    let why = |body: &str, queue: &str| -> String {
+        let at = body
+            .find(&format!("data-queue-why=\"{queue}\""))
+            .unwrap_or_else(|| panic!("no why for {queue}: {body}"));
+        let cell = &body[at..];
+        cell[cell.find('>').unwrap() + 1..cell.find("</td>").unwrap()].to_string()
+    };
+    let o = get(&app, "/").await.body;
+    assert!(
+        why(&o, "checkout").contains("ready: waiting for a worker"),
+        "{o}"
+    );
+
+    // A row due later, in a queue no live node picks any more, and a paused queue.
+    sqlx::raw_sql(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at)
+         VALUES ('Checkout', 2, 'reserve', '{}', 'checkout', now() + interval '1 hour');
+         UPDATE gd_nodes SET queues = '{checkout,mail}';
+         INSERT INTO gd_queue_pauses (queue) VALUES ('checkout');",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let o = get(&app, "/").await.body;
+    assert!(why(&o, "checkout").contains("paused"), "{o}");
+    assert!(
+        why(&o, "fanout").contains("no live node picks this queue"),
+        "{o}"
+    );
+    sqlx::query("DELETE FROM gd_queue_pauses WHERE queue = 'checkout'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let o = get(&app, "/").await.body;
+    let checkout = why(&o, "checkout");
+    assert!(
+        checkout.contains("ready: waiting for a worker; 1 not due yet"),
+        "{checkout}"
+    );
+    db.close().await;
+}

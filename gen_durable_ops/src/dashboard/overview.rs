@@ -64,6 +64,13 @@ pub(crate) async fn page(
     let operator = auth::is_operator(&state, &headers);
     let paused: std::collections::BTreeSet<&str> =
         pauses.iter().map(|p| p.queue.as_str()).collect();
+    // The queues some live node picks: a queue none picks waits for a node, however
+    // ready its rows are.
+    let picked: std::collections::BTreeSet<&str> = nodes
+        .iter()
+        .filter(|n| n.live)
+        .flat_map(|n| n.queues.iter().map(String::as_str))
+        .collect();
     let body = html! {
         h1 { "Overview" }
         @if let (Some(did), Some(queue)) = (&params.did, &params.queue) {
@@ -105,7 +112,7 @@ pub(crate) async fn page(
                 tr {
                     th { "queue" }
                     @for s in Status::ALL { th { (s.as_str()) } }
-                    th { "ready now" } th { "lag of the oldest ready" }
+                    th { "ready now" } th { "lag of the oldest ready" } th { "why its rows wait" }
                     @if operator { th {} }
                 }
                 @for q in queues {
@@ -127,6 +134,7 @@ pub(crate) async fn page(
                                 None => "-",
                             }
                         }
+                        td.why data-queue-why=(name) { (why_waiting(q, paused.contains(name.as_str()), picked.contains(name.as_str()))) }
                         @if operator {
                             td {
                                 @if paused.contains(name.as_str()) { "paused" } @else {
@@ -249,6 +257,36 @@ fn how_counted(c: &counts::Counts) -> String {
 }
 
 /// A query-string value, percent-encoded (queue names are free text).
+/// Why a queue's runnable rows are not running, as far as the overview's figures say:
+/// its pause or the absence of a live node that picks it come first (nothing of it runs);
+/// then its due rows wait for a worker, and the rest are not due yet (scheduled, backing
+/// off after a failure, or waiting for rate-limit tokens). `explain` says it per row.
+fn why_waiting(q: &counts::QueueCounts, paused: bool, picked: bool) -> maud::Markup {
+    let runnable = q
+        .by_status
+        .get(&Status::Runnable)
+        .copied()
+        .unwrap_or(Figure::Exact(0))
+        .value();
+    let ready = q.ready.value();
+    // Past the counts' cap both figures stop, and their difference means nothing.
+    let capped = matches!(q.ready, Figure::AtLeast(_));
+    let later = if capped { 0 } else { (runnable - ready).max(0) };
+    html! {
+        @if runnable == 0 {
+            span.note { "-" }
+        } @else if paused {
+            span.error { "paused: no node claims its rows" }
+        } @else if !picked {
+            span.error { "no live node picks this queue" }
+        } @else {
+            @if ready > 0 { "ready: waiting for a worker" }
+            @if ready > 0 && later > 0 { "; " }
+            @if later > 0 { (later) " not due yet (scheduled, retrying, or waiting for rate-limit tokens)" }
+        }
+    }
+}
+
 pub(crate) fn urlencode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
