@@ -29,8 +29,8 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
             std::process::exit(2);
         }
     };
-    println!("database: {}", examples_url(&url));
-    println!("  see it: {}\n", status_command(&url));
+    println!("database: {}", examples_url(&server));
+    println!("  see it: {}\n", status_command(&server));
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
             .bind(DATABASE)
@@ -85,41 +85,24 @@ pub async fn connect() -> Result<PgPool, Box<dyn std::error::Error>> {
     }
 }
 
-/// `url` naming the examples' database instead of its own, its password hidden.
-fn examples_url(url: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority = base.find("://").map_or(0, |i| i + 3);
-    let server = match base[authority..].find('/') {
-        Some(slash) => &base[..authority + slash],
-        None => base,
-    };
-    let hidden = match server[authority..].rfind('@') {
-        Some(at) => match server[authority..authority + at].find(':') {
-            Some(colon) => format!(
-                "{}:***{}",
-                &server[..authority + colon],
-                &server[authority + at..]
-            ),
-            None => server.to_string(),
-        },
-        None => server.to_string(),
-    };
-    match query {
-        Some(q) => format!("{hidden}/{DATABASE}?{q}"),
-        None => format!("{hidden}/{DATABASE}"),
-    }
+/// The examples' database on `server`, as a URL to paste (without a password).
+fn examples_url(server: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{DATABASE}",
+        server.get_username(),
+        server.get_host(),
+        server.get_port()
+    )
 }
 
 /// The operator CLI's command that shows this database: in this tree `cargo gd` looks at
 /// the examples' database by default (`.cargo/config.toml`); on another server it needs
 /// the URL.
-fn status_command(url: &str) -> String {
+fn status_command(server: &PgConnectOptions) -> String {
     if std::env::var_os("DATABASE_URL").is_none() {
         "cargo gd status".to_string()
     } else {
-        format!("cargo gd status --database-url '{}'", examples_url(url))
+        format!("cargo gd status --database-url '{}'", examples_url(server))
     }
 }
 
