@@ -1129,3 +1129,30 @@ async fn the_overview_says_why_each_queues_rows_wait() {
     );
     db.close().await;
 }
+
+/// A JSON path predicate over an instance's state and result finds the rows it holds
+/// for; one PostgreSQL cannot read is a 400 that says why.
+#[tokio::test]
+async fn the_list_filters_by_a_json_path_over_state_and_result() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router(db.pool().clone());
+    let l = get(&app, "/instances?path=%24.state.order%20%3D%3D%2042").await;
+    assert_eq!(l.status, StatusCode::OK, "{}", l.body);
+    assert!(
+        l.body.contains(&format!("data-id=\"{}\"", s.parked)),
+        "{}",
+        l.body
+    );
+    assert_eq!(l.body.matches("<tr data-id=").count(), 1, "{}", l.body);
+    let r = get(&app, "/instances?path=%24.result.part%20%3D%3D%201").await;
+    assert!(
+        r.body.contains(&format!("data-id=\"{}\"", s.child_done)),
+        "{}",
+        r.body
+    );
+    let bad = get(&app, "/instances?path=order%20%3D%3D").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains("is not a JSON path"), "{}", bad.body);
+    db.close().await;
+}

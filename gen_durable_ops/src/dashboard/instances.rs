@@ -39,6 +39,8 @@ pub(crate) struct Params {
     error: Option<String>,
     /// Go straight to this instance's page.
     id: Option<String>,
+    /// A JSON path predicate over `{"state": …, "result": …}`: `$.state.order == 42`.
+    path: Option<String>,
     /// Inserted at or after (`2026-12-02T10:00`, UTC, or RFC 3339).
     since: Option<String>,
     /// Inserted before.
@@ -93,6 +95,7 @@ impl Params {
             key: given(&self.key),
             parent,
             error: given(&self.error),
+            path: given(&self.path),
             since: given(&self.since)
                 .map(|v| parse_time("since", &v))
                 .transpose()?,
@@ -121,6 +124,7 @@ impl Params {
             ("key", &self.key),
             ("parent", &self.parent),
             ("error", &self.error),
+            ("path", &self.path),
             ("since", &self.since),
             ("until", &self.until),
         ] {
@@ -151,6 +155,13 @@ pub(crate) async fn page(
     params.queue = given(&params.queue).map(|q| in_use(q, &queues));
     params.fsm = given(&params.fsm).map(|f| in_use(f, &fsms));
     let filter = params.filter()?;
+    if let Some(path) = &filter.path {
+        dashboard::check_path(&state.pool, path)
+            .await?
+            .map_err(|why| {
+                DashboardError::BadRequest(format!("path {path:?} is not a JSON path: {why}"))
+            })?;
+    }
     let before = params.cursor()?;
     let now = admin::db_now(&state.pool, None).await?;
     let rows = dashboard::page(&state.pool, &filter, before, WINDOW, PAGE_SIZE).await?;
@@ -174,6 +185,7 @@ pub(crate) async fn page(
     let narrower = filter.key.is_some()
         || filter.parent.is_some()
         || filter.error.is_some()
+        || filter.path.is_some()
         || filter.since.is_some()
         || filter.until.is_some();
     let operator = auth::is_operator(&state, &headers);
@@ -195,6 +207,7 @@ pub(crate) async fn page(
             label { "key " input name="key" value=(v(&params.key)) size="14"; }
             label { "error contains " input name="error" value=(v(&params.error)) size="14"; }
             label { "children of #" input name="parent" value=(v(&params.parent)) size="8"; }
+            label { "state/result " input name="path" value=(v(&params.path)) size="22" placeholder="$.state.order == 42"; }
             label { "inserted since " input type="datetime-local" name="since" value=(v(&params.since)); }
             label { "until " input type="datetime-local" name="until" value=(v(&params.until)); }
             button type="submit" { "Filter" }
@@ -209,7 +222,7 @@ pub(crate) async fn page(
         }
         @if operator && (params.queue.is_some() || params.fsm.is_some()) && narrower {
             p.note id="bulk-narrower" {
-                "Bulk actions take the queue, FSM and status only: clear the key, error, parent and time filters to act on every instance they match."
+                "Bulk actions take the queue, FSM and status only: clear the key, error, parent, state/result and time filters to act on every instance they match."
             }
         }
         @if operator && (params.queue.is_some() || params.fsm.is_some()) && !narrower {

@@ -69,7 +69,7 @@ const PAGE: &str = r#"/* gd:dashboard */
 SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.attempt,
        w.unique_key, w.parent_id, w.last_error, w.inserted_at, w.updated_at
   FROM (SELECT id, fsm, fsm_version, step, gd_status_of(g) AS status, queue, attempt,
-               unique_key, parent_id, last_error, inserted_at, updated_at
+               unique_key, parent_id, last_error, inserted_at, updated_at, state, result
           FROM gd_instances g
          WHERE id < $1
          ORDER BY id DESC
@@ -80,6 +80,7 @@ SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.
    AND ($6::timestamptz IS NULL OR w.inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR w.inserted_at < $7)
    AND ($9::text IS NULL OR w.last_error ILIKE $9)
+   AND ($10::text IS NULL OR jsonb_build_object('state', w.state, 'result', w.result) @@ $10::text::jsonpath)
  ORDER BY w.id DESC
  LIMIT $8
 "#;
@@ -98,6 +99,7 @@ SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attem
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
    AND ($9::text IS NULL OR last_error ILIKE $9)
+   AND ($10::text IS NULL OR jsonb_build_object('state', state, 'result', result) @@ $10::text::jsonpath)
  ORDER BY id DESC
  LIMIT $8
 "#;
@@ -116,9 +118,31 @@ SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attem
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
    AND ($9::text IS NULL OR last_error ILIKE $9)
+   AND ($10::text IS NULL OR jsonb_build_object('state', state, 'result', result) @@ $10::text::jsonpath)
  ORDER BY id DESC
  LIMIT $8
 "#;
+
+/// Whether `$1` is a JSON path predicate PostgreSQL reads (`$.state.order == 42`).
+const CHECK_PATH: &str = r#"/* gd:dashboard */ SELECT $1::text::jsonpath::text"#;
+
+/// `Err` with PostgreSQL's words when `path` is not a JSON path it reads.
+pub(crate) async fn check_path<'e>(
+    db: impl PgExecutor<'e>,
+    path: &str,
+) -> Result<std::result::Result<(), String>> {
+    match sqlx::query_scalar::<_, String>(CHECK_PATH)
+        .bind(path)
+        .fetch_one(db)
+        .await
+    {
+        Ok(_) => Ok(Ok(())),
+        Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("42")) => {
+            Ok(Err(e.message().to_string()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// The queue and FSM names in use, for the list's pick lists and to read a filter's name
 /// without regard to case: what nodes announce, and the ready log's lanes (one per queue,
@@ -158,6 +182,8 @@ pub(crate) struct ListFilter {
     pub(crate) parent: Option<i64>,
     /// Text the last error contains, any case.
     pub(crate) error: Option<String>,
+    /// A JSON path predicate over `{"state": …, "result": …}` ([`check_path`] first).
+    pub(crate) path: Option<String>,
     pub(crate) since: Option<DateTime<Utc>>,
     pub(crate) until: Option<DateTime<Utc>>,
 }
@@ -207,7 +233,8 @@ pub(crate) async fn page<'e>(
         .bind(filter.since)
         .bind(filter.until)
         .bind(limit)
-        .bind(contains);
+        .bind(contains)
+        .bind(&filter.path);
     Ok(q.fetch_all(db).await?)
 }
 
@@ -388,6 +415,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::Int(50),
                 Param::NullText,
+                Param::NullText,
             ],
         ),
         (
@@ -402,6 +430,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
+                Param::NullText,
                 Param::NullText,
             ],
         ),
@@ -418,6 +447,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::Int(50),
                 Param::NullText,
+                Param::NullText,
             ],
         ),
         (
@@ -433,6 +463,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::NullTime,
                 Param::Int(50),
                 Param::Text("%declined%"),
+                Param::NullText,
             ],
         ),
         ("instances: queue and FSM names", NAMES, vec![]),
