@@ -248,7 +248,7 @@ async fn every_page_in_a_real_browser() {
         );
     }
     screenshot(&c, "instances").await;
-    c.find(Locator::Css("select[name=status] option[value=failed]"))
+    c.find(Locator::Css("input[name=status][value=failed]"))
         .await
         .unwrap()
         .click()

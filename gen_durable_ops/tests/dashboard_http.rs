@@ -1156,3 +1156,69 @@ async fn the_list_filters_by_a_json_path_over_state_and_result() {
     assert!(bad.body.contains("is not a JSON path"), "{}", bad.body);
     db.close().await;
 }
+
+/// Several statuses at once, as the form's checkboxes send them or as a link writes
+/// them; the bulk form acts on the same statuses, and on a failed-only list it offers
+/// retry first.
+#[tokio::test]
+async fn the_list_takes_several_statuses_and_the_bulk_form_follows() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
+    );
+    let ids = |body: &str| -> Vec<i64> {
+        body.split("<tr data-id=\"")
+            .skip(1)
+            .map(|r| r[..r.find('"').unwrap()].parse().unwrap())
+            .collect()
+    };
+    let want = {
+        let mut v = vec![s.failed, s.parked];
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v
+    };
+    for q in [
+        "queue=checkout&status=failed&status=awaiting_signal",
+        "queue=checkout&status=failed,awaiting_signal",
+        "queue=checkout&status=failed%2Cawaiting_signal",
+    ] {
+        let l = get(&app, &format!("/instances?{q}")).await;
+        assert_eq!(l.status, StatusCode::OK, "{q}: {}", l.body);
+        assert_eq!(ids(&l.body), want, "{q}");
+        assert!(l.body.contains("value=\"failed\" checked"), "{q}");
+    }
+    let bad = get(&app, "/instances?status=failed,lost").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+
+    let as_operator = |path: &str| {
+        Request::get(path)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let both = send(
+        &app,
+        as_operator("/instances?queue=checkout&status=failed,awaiting_signal"),
+    )
+    .await;
+    assert!(
+        both.body
+            .contains("name=\"status\" value=\"failed,awaiting_signal\""),
+        "{}",
+        both.body
+    );
+    assert!(
+        both.body.contains("<option value=\"cancel\" selected>"),
+        "{}",
+        both.body
+    );
+    let failed = send(&app, as_operator("/instances?queue=checkout&status=failed")).await;
+    assert!(
+        failed.body.contains("<option value=\"retry\" selected>"),
+        "{}",
+        failed.body
+    );
+    db.close().await;
+}

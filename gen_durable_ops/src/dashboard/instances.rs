@@ -2,7 +2,7 @@
 //! insert time, newest first, paginated by keyset (`?after=ID`: the rows below ID), never
 //! by OFFSET. Each page reads at most [`WINDOW`] rows (see `store::pg::dashboard::PAGE`).
 
-use axum::extract::{Query, State};
+use axum::extract::{Query, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -31,7 +31,9 @@ pub(crate) const WINDOW: i64 = 10_000;
 pub(crate) struct Params {
     queue: Option<String>,
     fsm: Option<String>,
-    status: Option<String>,
+    /// Read from the raw query ([`statuses`]): the form's checkboxes repeat the key.
+    #[serde(skip)]
+    status: Vec<String>,
     key: Option<String>,
     /// Only this instance's children.
     parent: Option<String>,
@@ -75,11 +77,12 @@ fn parse_time(field: &str, v: &str) -> Result<DateTime<Utc>, DashboardError> {
 
 impl Params {
     fn filter(&self) -> Result<ListFilter, DashboardError> {
-        let status = given(&self.status);
-        if let Some(s) = &status {
-            if !Status::ALL.iter().any(|a| a.as_str() == s) {
-                return Err(DashboardError::BadRequest(format!("unknown status {s:?}")));
-            }
+        let status = self.status.clone();
+        if let Some(s) = status
+            .iter()
+            .find(|s| !Status::ALL.iter().any(|a| a.as_str() == s.as_str()))
+        {
+            return Err(DashboardError::BadRequest(format!("unknown status {s:?}")));
         }
         let parent = given(&self.parent)
             .map(|p| {
@@ -120,7 +123,6 @@ impl Params {
         for (k, v) in [
             ("queue", &self.queue),
             ("fsm", &self.fsm),
-            ("status", &self.status),
             ("key", &self.key),
             ("parent", &self.parent),
             ("error", &self.error),
@@ -132,6 +134,9 @@ impl Params {
                 q.push_str(&format!("&{k}={}", urlencode(&v)));
             }
         }
+        if !self.status.is_empty() {
+            q.push_str(&format!("&status={}", self.status.join(",")));
+        }
         q
     }
 }
@@ -142,7 +147,9 @@ pub(crate) async fn page(
     headers: HeaderMap,
     live: Live,
     Query(mut params): Query<Params>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, DashboardError> {
+    params.status = statuses(raw.as_deref());
     if let Some(id) = given(&params.id) {
         let id: i64 = id
             .parse()
@@ -182,6 +189,7 @@ pub(crate) async fn page(
     let v = |o: &Option<String>| o.clone().unwrap_or_default();
     // Filters a bulk action cannot take: with one of them on, the form would act on more
     // rows than the list shows.
+    let failed_only = filter.status == ["failed"];
     let narrower = filter.key.is_some()
         || filter.parent.is_some()
         || filter.error.is_some()
@@ -196,11 +204,11 @@ pub(crate) async fn page(
             datalist id="queues" { @for q in &queues { option value=(q) {} } }
             label { "FSM " input name="fsm" list="fsms" value=(v(&params.fsm)) size="12"; }
             datalist id="fsms" { @for f in &fsms { option value=(f) {} } }
-            label { "status "
-                select name="status" {
-                    option value="" { "any" }
-                    @for s in Status::ALL {
-                        option value=(s.as_str()) selected[filter.status.as_deref() == Some(s.as_str())] { (s.as_str()) }
+            span { "status "
+                @for s in Status::ALL {
+                    label.status-pick {
+                        input type="checkbox" name="status" value=(s.as_str()) checked[filter.status.iter().any(|f| f == s.as_str())];
+                        (s.as_str()) " "
                     }
                 }
             }
@@ -230,9 +238,13 @@ pub(crate) async fn page(
                 input type="hidden" name="csrf" value=(csrf.0);
                 input type="hidden" name="queue" value=(v(&params.queue));
                 input type="hidden" name="fsm" value=(v(&params.fsm));
-                input type="hidden" name="status" value=(filter.status.clone().unwrap_or_default());
+                input type="hidden" name="status" value=(filter.status.join(","));
                 "Every instance of this queue/FSM/status (key and times aside): "
-                select name="action" { option value="cancel" { "cancel" } option value="retry" { "retry (failed ones)" } }
+                select name="action" {
+                    // On a list of failed instances, retrying them is the likely intent.
+                    option value="cancel" selected[!failed_only] { "cancel" }
+                    option value="retry" selected[failed_only] { "retry (failed ones)" }
+                }
                 " "
                 button type="submit" name="preview" value="1" id="bulk-preview" { "Preview (count)" }
             }
@@ -283,6 +295,26 @@ pub(crate) async fn page(
         .live(live)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some())
         .into_response())
+}
+
+/// The statuses a query asks for: every `status=` (the form's checkboxes repeat it), each
+/// possibly a comma-separated list (the links' form).
+fn statuses(query: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for value in query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|p| p.strip_prefix("status="))
+    {
+        // A status is a plain word; the one escape a browser writes here is the comma's.
+        let value = value.replace("%2C", ",").replace("%2c", ",");
+        for s in value.split(',').filter(|s| !s.is_empty()) {
+            if !out.iter().any(|o| o == s) {
+                out.push(s.to_string());
+            }
+        }
+    }
+    out
 }
 
 /// `name` as it is in use in `known` when only its case differs; as given otherwise.

@@ -24,7 +24,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#eef1f4}\
 pre{background:#fff;border:1px solid #d8dde3;padding:8px;max-width:1000px;overflow:auto}\
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}dt{font-weight:600}dd{margin:0}\
 ul.tree{list-style:none;padding-left:18px;border-left:1px dotted #9aa5b1}\
-form.filters input,form.filters select{margin-right:8px}.actions form{display:inline-block;margin-right:12px}\
+form.filters input,form.filters select{margin-right:8px}form.filters>span{margin-right:12px;white-space:nowrap}label.status-pick input{margin-right:2px}.actions form{display:inline-block;margin-right:12px}\
 .tl{display:grid;grid-template-columns:minmax(220px,28%) 1fr;gap:0 8px;align-items:center;max-width:1100px}\
 .tl-label{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.tl-step{font-weight:600}\
 .tl-kind{font-size:12px;padding:0 5px;border-radius:6px;color:#fff}\

@@ -153,12 +153,19 @@ impl BulkForm {
         if !self.fsm.trim().is_empty() {
             f = f.with_fsm(self.fsm.trim());
         }
-        if !self.status.trim().is_empty() {
-            let status: Status =
-                self.status.trim().parse().map_err(|_| {
-                    DashboardError::BadRequest(format!("no status {:?}", self.status))
-                })?;
-            f = f.with_statuses([status]);
+        // The list's statuses, comma-separated.
+        let statuses = self
+            .status
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<Status>()
+                    .map_err(|_| DashboardError::BadRequest(format!("no status {s:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !statuses.is_empty() {
+            f = f.with_statuses(statuses);
         }
         Ok(f)
     }

@@ -76,7 +76,7 @@ SELECT w.id, w.fsm, w.fsm_version, w.step, w.status::text AS status, w.queue, w.
          LIMIT $2) w
  WHERE ($3::text IS NULL OR w.queue = $3)
    AND ($4::text IS NULL OR w.fsm = $4)
-   AND ($5::text IS NULL OR w.status = $5::text::gd_status)
+   AND (cardinality($5::text[]) = 0 OR w.status::text = ANY ($5::text[]))
    AND ($6::timestamptz IS NULL OR w.inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR w.inserted_at < $7)
    AND ($9::text IS NULL OR w.last_error ILIKE $9)
@@ -95,7 +95,7 @@ SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attem
  WHERE unique_key = $2 AND id < $1
    AND ($3::text IS NULL OR queue = $3)
    AND ($4::text IS NULL OR fsm = $4)
-   AND ($5::text IS NULL OR gd_status_of(g) = $5::text::gd_status)
+   AND (cardinality($5::text[]) = 0 OR gd_status_of(g)::text = ANY ($5::text[]))
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
    AND ($9::text IS NULL OR last_error ILIKE $9)
@@ -114,7 +114,7 @@ SELECT id, fsm, fsm_version, step, gd_status_of(g)::text AS status, queue, attem
  WHERE parent_id = $2 AND id < $1
    AND ($3::text IS NULL OR queue = $3)
    AND ($4::text IS NULL OR fsm = $4)
-   AND ($5::text IS NULL OR gd_status_of(g) = $5::text::gd_status)
+   AND (cardinality($5::text[]) = 0 OR gd_status_of(g)::text = ANY ($5::text[]))
    AND ($6::timestamptz IS NULL OR inserted_at >= $6)
    AND ($7::timestamptz IS NULL OR inserted_at < $7)
    AND ($9::text IS NULL OR last_error ILIKE $9)
@@ -176,7 +176,8 @@ SELECT min(id) FROM (SELECT id FROM gd_instances WHERE id < $1 ORDER BY id DESC 
 pub(crate) struct ListFilter {
     pub(crate) queue: Option<String>,
     pub(crate) fsm: Option<String>,
-    pub(crate) status: Option<String>,
+    /// Any of these statuses; empty: any status.
+    pub(crate) status: Vec<String>,
     pub(crate) key: Option<String>,
     /// The children of this instance only.
     pub(crate) parent: Option<i64>,
@@ -410,7 +411,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::Int(10_000),
                 Param::NullText,
                 Param::NullText,
-                Param::NullText,
+                Param::Texts(&[]),
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
@@ -426,7 +427,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::Int(10_000),
                 Param::Text("q1"),
                 Param::NullText,
-                Param::Text("failed"),
+                Param::Texts(&["failed"]),
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
@@ -442,7 +443,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::Text("order:500000"),
                 Param::NullText,
                 Param::NullText,
-                Param::NullText,
+                Param::Texts(&[]),
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
@@ -458,7 +459,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::Int(id),
                 Param::NullText,
                 Param::NullText,
-                Param::NullText,
+                Param::Texts(&[]),
                 Param::NullTime,
                 Param::NullTime,
                 Param::Int(50),
@@ -509,6 +510,8 @@ enum Param {
     Int4(i32),
     Float4(f64),
     Text(&'static str),
+    /// An array of text (the list's statuses).
+    Texts(&'static [&'static str]),
     /// `now()` minus this many minutes.
     Time(i64),
 }
@@ -530,6 +533,7 @@ pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, S
                 Param::Int4(n) => q.bind(n),
                 Param::Float4(p) => q.bind(p as f32),
                 Param::Text(s) => q.bind(s),
+                Param::Texts(v) => q.bind(v.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
                 Param::Time(m) => q.bind(Utc::now() - chrono::Duration::minutes(m)),
             };
         }
