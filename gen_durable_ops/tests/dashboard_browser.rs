@@ -448,7 +448,13 @@ async fn every_page_in_a_real_browser() {
     c.goto(&format!("{base}/instances/{}", s.runnable))
         .await
         .unwrap();
-    click_to(&c, "#cancel", &format!("/instances/{}", s.runnable)).await;
+    // An action says what it will do first; nothing changes until it is confirmed.
+    click_to(&c, "#cancel", &format!("/instances/{}/confirm", s.runnable)).await;
+    assert!(text(&c, "#confirm-what")
+        .await
+        .contains("fails with \"cancelled\""));
+    assert_eq!(status_of(db.pool(), s.runnable).await.0, "runnable");
+    click_to(&c, "#confirm", &format!("/instances/{}", s.runnable)).await;
     assert!(text(&c, "#notice").await.starts_with("Cancelled"));
     assert_eq!(
         status_of(db.pool(), s.runnable).await,

@@ -1222,3 +1222,98 @@ async fn the_list_takes_several_statuses_and_the_bulk_form_follows() {
     );
     db.close().await;
 }
+
+/// Each action on an instance says what it will do before it is done: the confirmation
+/// page writes nothing, and its button posts to the action with the page's CSRF token. A
+/// read-only dashboard, or a viewer who is not signed in, gets no such page.
+#[tokio::test]
+async fn actions_are_confirmed_before_they_are_done() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
+    );
+    let csrf = csrf_of(&app).await;
+    let jar = format!("gd_csrf={csrf}");
+    let as_operator = |path: String| {
+        Request::get(path)
+            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(header::COOKIE, &jar)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let before = fingerprint(db.pool()).await;
+    let c = send(
+        &app,
+        as_operator(format!("/instances/{}/confirm?action=cancel", s.parent)),
+    )
+    .await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.body);
+    for want in [
+        format!("action=\"/instances/{}/cancel\"", s.parent),
+        format!("name=\"csrf\" value=\"{csrf}\""),
+        "its live children (1)".to_string(),
+        "id=\"confirm\"".to_string(),
+        format!("href=\"/instances/{}\"", s.parent),
+    ] {
+        assert!(c.body.contains(&want), "no {want:?} in {}", c.body);
+    }
+    let r = send(
+        &app,
+        as_operator(format!(
+            "/instances/{}/confirm?action=restart&step=ship",
+            s.failed
+        )),
+    )
+    .await;
+    assert!(
+        r.body.contains("runnable now at step <code>ship</code>"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("name=\"step\" value=\"ship\""),
+        "{}",
+        r.body
+    );
+    let sig = send(
+        &app,
+        as_operator(format!(
+            "/instances/{}/confirm?action=signal&name=paid&payload=%7B%7D",
+            s.parked
+        )),
+    )
+    .await;
+    assert!(
+        sig.body.contains("signal <code>paid</code>"),
+        "{}",
+        sig.body
+    );
+    let bad = send(
+        &app,
+        as_operator(format!("/instances/{}/confirm?action=drop", s.parked)),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        fingerprint(db.pool()).await,
+        before,
+        "a confirmation page wrote"
+    );
+
+    let anonymous = get(
+        &app,
+        &format!("/instances/{}/confirm?action=cancel", s.parent),
+    )
+    .await;
+    assert_eq!(anonymous.status, StatusCode::FORBIDDEN);
+    let read_only = router(db.pool().clone());
+    let ro = get(
+        &read_only,
+        &format!("/instances/{}/confirm?action=cancel", s.parent),
+    )
+    .await;
+    assert_eq!(ro.status, StatusCode::FORBIDDEN);
+    db.close().await;
+}

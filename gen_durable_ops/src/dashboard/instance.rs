@@ -164,12 +164,12 @@ pub(crate) async fn render(
             }
         }
         @if operator {
-            (actions(id, &status, live, csrf, &get("step"), &steps))
+            (actions(id, &status, live, &get("step"), &steps))
         }
         h2 { "State" }
         pre id="state" { (pretty(&get("state"))) }
         h2 { "Timeline" }
-        (timeline::timeline(id, &history.entries, history.next.is_some(), now, operator.then_some(csrf)))
+        (timeline::timeline(id, &history.entries, history.next.is_some(), now, operator))
         @if !get("result").is_null() {
             h2 { "Result" }
             pre id="result" { (pretty(&get("result"))) }
@@ -264,25 +264,20 @@ fn level(parent: i64, by_parent: &BTreeMap<i64, Vec<&TreeRow>>) -> Markup {
 /// The forms of the actions `status` allows. Restart-from-step, bulk actions and
 /// pause/resume (being built apart) add their forms here and their routes in
 /// `actions::routes`.
-fn actions(
-    id: i64,
-    status: &str,
-    live: bool,
-    csrf: &Csrf,
-    step: &Value,
-    steps: &[String],
-) -> Markup {
+fn actions(id: i64, status: &str, live: bool, step: &Value, steps: &[String]) -> Markup {
     let current = step.as_str().unwrap_or_default();
+    let confirm = format!("/instances/{id}/confirm");
     html! {
         h2 { "Actions" }
+        p.note { "Each action shows what it will do, and asks to confirm it." }
         div.actions {
             @if live {
-                form method="post" action=(format!("/instances/{id}/cancel")) {
-                    input type="hidden" name="csrf" value=(csrf.0);
+                form method="get" action=(confirm) {
+                    input type="hidden" name="action" value="cancel";
                     button type="submit" id="cancel" { "Cancel" }
                 }
-                form method="post" action=(format!("/instances/{id}/signal")) {
-                    input type="hidden" name="csrf" value=(csrf.0);
+                form method="get" action=(confirm) {
+                    input type="hidden" name="action" value="signal";
                     input name="name" placeholder="signal name" required;
                     input name="payload" placeholder="JSON payload" value="null";
                     input name="dedup_key" placeholder="dedup key (optional)";
@@ -290,14 +285,14 @@ fn actions(
                 }
             }
             @if status == "failed" {
-                form method="post" action=(format!("/instances/{id}/retry")) {
-                    input type="hidden" name="csrf" value=(csrf.0);
+                form method="get" action=(confirm) {
+                    input type="hidden" name="action" value="retry";
                     button type="submit" id="retry" { "Retry" }
                 }
             }
             @if status != "executing" {
-                form method="post" action=(format!("/instances/{id}/restart")) {
-                    input type="hidden" name="csrf" value=(csrf.0);
+                form method="get" action=(confirm) {
+                    input type="hidden" name="action" value="restart";
                     @if steps.is_empty() {
                         input name="step" placeholder="step name" required;
                     } @else {

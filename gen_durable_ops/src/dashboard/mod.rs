@@ -43,6 +43,7 @@ mod auth;
 mod chart;
 mod clock;
 mod config;
+mod confirm;
 mod error;
 mod explain;
 mod fsms;
@@ -113,6 +114,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
         .route("/", get(overview::page))
         .route("/instances", get(instances::page))
         .route("/instances/{id}", get(instance::page))
+        .route("/instances/{id}/confirm", get(confirm::page))
         .route("/fsms", get(fsms::page))
         .route("/limits", get(limits::page))
         .route("/metrics", get(metrics::scrape))

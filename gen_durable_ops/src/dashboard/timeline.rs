@@ -7,7 +7,6 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::auth::Csrf;
 use super::layout;
 use crate::cli::table;
 use gen_durable::{HistoryEntry, HistoryKind};
@@ -40,7 +39,7 @@ pub(crate) fn timeline(
     entries: &[HistoryEntry],
     more: bool,
     now: DateTime<Utc>,
-    operator: Option<&Csrf>,
+    operator: bool,
 ) -> Markup {
     let Some(first) = entries.first() else {
         return html! { p id="timeline" { "No history: its FSM keeps none (history = \"off\"), it was collected, or nothing has happened yet." } };
@@ -88,15 +87,15 @@ pub(crate) fn timeline(
                         (fields(e))
                         @if let Some(state) = &e.state {
                             pre.tl-state { (layout::clip(&serde_json::to_string_pretty(state).unwrap_or_default(), layout::MAX_JSON_SHOWN)) }
-                            @if let Some(csrf) = operator {
+                            @if operator {
                                 div.actions {
-                                    form method="post" action=(format!("/instances/{id}/fork")) {
-                                        input type="hidden" name="csrf" value=(csrf.0);
+                                    form method="get" action=(format!("/instances/{id}/confirm")) {
+                                        input type="hidden" name="action" value="fork";
                                         input type="hidden" name="entry" value=(e.entry);
                                         button type="submit" class="fork" { "Fork from here" }
                                     }
-                                    form method="post" action=(format!("/instances/{id}/restart")) {
-                                        input type="hidden" name="csrf" value=(csrf.0);
+                                    form method="get" action=(format!("/instances/{id}/confirm")) {
+                                        input type="hidden" name="action" value="restart";
                                         input type="hidden" name="entry" value=(e.entry);
                                         button type="submit" class="restart-entry" { "Restart from here" }
                                     }
