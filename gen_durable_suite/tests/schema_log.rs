@@ -156,7 +156,8 @@ async fn a_claim_that_waited_for_an_appender_takes_nothing_once_its_queue_is_pau
     };
     common::eventually(10, "the claim to wait for the appender", || async {
         sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)",
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
         )
         .fetch_one(pool)
         .await
