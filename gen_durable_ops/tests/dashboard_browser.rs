@@ -116,6 +116,20 @@ async fn browser_with(driver: &Driver, extra: &[&str]) -> Client {
         .expect("a Chromium session")
 }
 
+/// chromedriver's path; `None` (the test skips) when there is none, unless
+/// `GD_REQUIRE_BROWSER=1` (as in CI), which makes that a failure.
+fn chromedriver_or_skip() -> Option<PathBuf> {
+    let path = chromedriver_path();
+    if path.is_none() {
+        assert!(
+            std::env::var("GD_REQUIRE_BROWSER").as_deref() != Ok("1"),
+            "GD_REQUIRE_BROWSER=1 but no chromedriver on PATH or in /usr/bin"
+        );
+        eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+    }
+    path
+}
+
 /// Serves an operator dashboard on a free port; returns its base URL.
 async fn serve(pool: sqlx::PgPool) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -192,12 +206,7 @@ async fn wait_for_url(c: &Client, ok: impl Fn(&str) -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_in_a_real_browser() {
-    let Some(path) = chromedriver_path() else {
-        assert!(
-            std::env::var("GD_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "GD_REQUIRE_BROWSER=1 but no chromedriver on PATH or in /usr/bin"
-        );
-        eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+    let Some(path) = chromedriver_or_skip() else {
         return;
     };
     let db = TestDb::new().await;
@@ -487,12 +496,7 @@ async fn background(c: &Client) -> String {
 /// dashboard's own error page, with the way back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_reload_dark_mode_and_error_pages_in_a_real_browser() {
-    let Some(path) = chromedriver_path() else {
-        assert!(
-            std::env::var("GD_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "GD_REQUIRE_BROWSER=1 but no chromedriver on PATH or in /usr/bin"
-        );
-        eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+    let Some(path) = chromedriver_or_skip() else {
         return;
     };
     let db = TestDb::new().await;

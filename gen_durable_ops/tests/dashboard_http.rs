@@ -7,7 +7,7 @@ mod dashboard_support;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
-use dashboard_support::http::{csrf_of, get, post, send};
+use dashboard_support::http::{csrf_of, get, listed_ids, operator_get, post, send};
 use dashboard_support::{fingerprint, seed, seed_flow_control, status_of, TOKEN};
 use gen_durable_ops::dashboard::{router, router_with, DashboardConfig};
 use gen_durable_testkit::TestDb;
@@ -1017,16 +1017,10 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
         db.pool().clone(),
         DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
-    let ids = |body: &str| -> Vec<i64> {
-        body.split("<tr data-id=\"")
-            .skip(1)
-            .map(|r| r[..r.find('"').unwrap()].parse().unwrap())
-            .collect()
-    };
 
     let l = get(&app, "/instances?fsm=checkout&queue=CHECKOUT&status=failed").await;
     assert_eq!(l.status, StatusCode::OK, "{}", l.body);
-    assert_eq!(ids(&l.body), vec![s.failed], "{}", l.body);
+    assert_eq!(listed_ids(&l.body), vec![s.failed], "{}", l.body);
     assert!(
         l.body.contains("value=\"Checkout\""),
         "the name in use shown"
@@ -1041,22 +1035,27 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
     }
 
     let e = get(&app, "/instances?error=PROVIDER%20said").await;
-    assert_eq!(ids(&e.body), vec![s.failed], "{}", e.body);
+    assert_eq!(listed_ids(&e.body), vec![s.failed], "{}", e.body);
     let pct = get(&app, "/instances?error=100%25").await;
     assert!(
-        ids(&pct.body).is_empty(),
+        listed_ids(&pct.body).is_empty(),
         "a % is a character, not a wildcard"
     );
 
     let c = get(&app, &format!("/instances?parent={}", s.parent)).await;
-    assert_eq!(ids(&c.body), vec![s.child_mid, s.child_done], "{}", c.body);
+    assert_eq!(
+        listed_ids(&c.body),
+        vec![s.child_mid, s.child_done],
+        "{}",
+        c.body
+    );
     assert!(c.body.contains("id=\"parent-of\""), "{}", c.body);
     let g = get(
         &app,
         &format!("/instances?parent={}&status=runnable", s.child_mid),
     )
     .await;
-    assert_eq!(ids(&g.body), vec![s.grandchild], "{}", g.body);
+    assert_eq!(listed_ids(&g.body), vec![s.grandchild], "{}", g.body);
 
     let go = get(&app, &format!("/instances?id={}", s.parked)).await;
     assert_eq!(go.status, StatusCode::SEE_OTHER);
@@ -1066,12 +1065,11 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
 
     // The bulk form acts on queue, FSM and status: with an error filter on, it says so.
     let jar = format!("gd_csrf={}", csrf_of(&app).await);
-    let req = Request::get("/instances?fsm=Checkout&error=said")
-        .header(header::COOKIE, &jar)
-        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-        .body(Body::empty())
-        .unwrap();
-    let narrowed = send(&app, req).await;
+    let narrowed = send(
+        &app,
+        operator_get("/instances?fsm=Checkout&error=said", TOKEN, Some(&jar)),
+    )
+    .await;
     assert!(
         narrowed.body.contains("id=\"bulk-narrower\""),
         "{}",
@@ -1168,12 +1166,6 @@ async fn the_list_takes_several_statuses_and_the_bulk_form_follows() {
         db.pool().clone(),
         DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
     );
-    let ids = |body: &str| -> Vec<i64> {
-        body.split("<tr data-id=\"")
-            .skip(1)
-            .map(|r| r[..r.find('"').unwrap()].parse().unwrap())
-            .collect()
-    };
     let want = {
         let mut v = vec![s.failed, s.parked];
         v.sort_unstable_by(|a, b| b.cmp(a));
@@ -1186,18 +1178,13 @@ async fn the_list_takes_several_statuses_and_the_bulk_form_follows() {
     ] {
         let l = get(&app, &format!("/instances?{q}")).await;
         assert_eq!(l.status, StatusCode::OK, "{q}: {}", l.body);
-        assert_eq!(ids(&l.body), want, "{q}");
+        assert_eq!(listed_ids(&l.body), want, "{q}");
         assert!(l.body.contains("value=\"failed\" checked"), "{q}");
     }
     let bad = get(&app, "/instances?status=failed,lost").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 
-    let as_operator = |path: &str| {
-        Request::get(path)
-            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-            .body(Body::empty())
-            .unwrap()
-    };
+    let as_operator = |path: &str| operator_get(path, TOKEN, None);
     let both = send(
         &app,
         as_operator("/instances?queue=checkout&status=failed,awaiting_signal"),
@@ -1236,13 +1223,7 @@ async fn actions_are_confirmed_before_they_are_done() {
     );
     let csrf = csrf_of(&app).await;
     let jar = format!("gd_csrf={csrf}");
-    let as_operator = |path: String| {
-        Request::get(path)
-            .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
-            .header(header::COOKIE, &jar)
-            .body(Body::empty())
-            .unwrap()
-    };
+    let as_operator = |path: String| operator_get(&path, TOKEN, Some(&jar));
     let before = fingerprint(db.pool()).await;
     let c = send(
         &app,

@@ -3,26 +3,17 @@
 //! reports per outcome and writes nothing, the real run moves the rows and leaves the one
 //! whose transform fails on v1 with its `last_error`.
 
+mod common;
+
 use std::process::Command;
 
 use gen_durable_testkit::TestDb;
 use serde_json::Value;
 
-fn url(db: &TestDb) -> String {
-    let o = db.options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        db.name()
-    )
-}
-
 /// Runs the binary with `args` on `db`: (exit code, stdout as JSON).
 fn run(db: &TestDb, args: &[&str]) -> (i32, Value) {
     let out = Command::new(env!("CARGO_BIN_EXE_gd_cli_upgrade"))
-        .args(["--database-url", &url(db), "--json"])
+        .args(["--database-url", &common::database_url(db), "--json"])
         .args(args)
         .output()
         .expect("run gd_cli_upgrade");

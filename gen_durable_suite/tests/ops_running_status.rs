@@ -26,23 +26,12 @@ test_fsm!(Spawner, state = Count, queue = "shown", version = 1, {
     End => "end" |_ctx| { Ok(Step::done(json!(null))) },
 });
 
-fn url(db: &TestDb) -> String {
-    let o = db.options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        db.name()
-    )
-}
-
 /// `inspect ID --json` through a user's binary of the CLI.
 fn inspect(db: &TestDb, id: i64) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_gd_cli_upgrade"))
         .args([
             "--database-url",
-            &url(db),
+            &common::database_url(db),
             "--json",
             "inspect",
             &id.to_string(),

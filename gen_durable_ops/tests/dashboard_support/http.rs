@@ -44,6 +44,24 @@ pub(crate) async fn get(app: &Router, path: &str) -> Answer {
     send(app, Request::get(path).body(Body::empty()).unwrap()).await
 }
 
+/// The ids of the instance list's rows in `body`, in the page's order.
+pub(crate) fn listed_ids(body: &str) -> Vec<i64> {
+    body.split("<tr data-id=\"")
+        .skip(1)
+        .map(|r| r[..r.find('"').unwrap()].parse().unwrap())
+        .collect()
+}
+
+/// A GET of `path` as an operator's script sends it (the token as a bearer), with
+/// `cookie` (a `Cookie` header value) if any.
+pub(crate) fn operator_get(path: &str, token: &str, cookie: Option<&str>) -> Request<Body> {
+    let mut b = Request::get(path).header(header::AUTHORIZATION, format!("Bearer {token}"));
+    if let Some(c) = cookie {
+        b = b.header(header::COOKIE, c);
+    }
+    b.body(Body::empty()).unwrap()
+}
+
 /// A form POST to `path` with `cookie` (a `Cookie` header value) if any.
 pub(crate) fn post(path: &str, cookie: Option<&str>, form: &str) -> Request<Body> {
     let mut b =

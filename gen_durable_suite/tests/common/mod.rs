@@ -72,6 +72,18 @@ pub async fn column(pool: &sqlx::PgPool, id: i64, col: &str) -> Option<String> {
     .expect("row exists")
 }
 
+/// The URL of `db`, for a binary of the CLI (`--database-url`).
+pub fn database_url(db: &gen_durable_testkit::TestDb) -> String {
+    let o = db.options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        db.name()
+    )
+}
+
 pub async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(pool)
