@@ -111,13 +111,19 @@ fn every_relative_link_leads_to_a_file() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
-/// The Rust blocks of a Markdown text (` ```rust `, with or without attributes).
-fn rust_blocks(text: &str) -> Vec<String> {
+/// The blocks of a Markdown text in one language (` ```rust `, with or without
+/// attributes such as `,no_run`).
+fn blocks(text: &str, language: &str) -> Vec<String> {
+    let fence = format!("```{language}");
     let mut blocks = Vec::new();
     let mut block: Option<String> = None;
     for line in text.lines() {
         match &mut block {
-            None if line.starts_with("```rust") => block = Some(String::new()),
+            None if line.starts_with(&fence)
+                && !line[fence.len()..].starts_with(|c: char| c.is_alphanumeric()) =>
+            {
+                block = Some(String::new())
+            }
             Some(b) if line.starts_with("```") => {
                 blocks.push(std::mem::take(b));
                 block = None;
@@ -130,6 +136,51 @@ fn rust_blocks(text: &str) -> Vec<String> {
         }
     }
     blocks
+}
+
+/// The commands of a shell block, as the shell reads them: a line ending in `\\` goes on
+/// the next, a `#` after a blank starts a comment, whitespace runs count as one space.
+fn shell_commands(block: &str) -> Vec<String> {
+    let joined = block.replace("\\\n", " ");
+    joined
+        .lines()
+        .map(|line| {
+            let comment = line
+                .match_indices('#')
+                .map(|(at, _)| at)
+                .find(|&at| at == 0 || line[..at].ends_with(char::is_whitespace));
+            spaced(comment.map_or(line, |at| &line[..at]))
+        })
+        .filter(|command| !command.is_empty())
+        .collect()
+}
+
+/// The text with each run of whitespace made one space, trimmed.
+fn spaced(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn every_shell_command_of_the_readme_and_the_guide_runs_in_ci() {
+    let ci = spaced(&read(&root().join(".ci/run")));
+    let mut docs = vec![root().join("README.md")];
+    docs.extend(markdown_in("docs/guide"));
+    let mut not_run = Vec::new();
+    for file in &docs {
+        for block in blocks(&read(file), "sh") {
+            for command in shell_commands(&block) {
+                if !ci.contains(&command) {
+                    not_run.push(format!("{}: {command}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        not_run.is_empty(),
+        "shell commands users are told to run that .ci/run does not run as written (run \
+         each there, word for word, or move it to docs/design/):\n{}",
+        not_run.join("\n")
+    );
 }
 
 /// The text without its whitespace: rustfmt may lay a compiled snippet out otherwise.
@@ -150,7 +201,7 @@ fn every_rust_block_of_the_guide_compiles() {
     let compiled: Vec<String> = compiled.iter().map(|c| words(c)).collect();
     let mut missing = Vec::new();
     for file in markdown_in("docs/guide") {
-        for block in rust_blocks(&read(&file)) {
+        for block in blocks(&read(&file), "rust") {
             if !compiled.iter().any(|c| c.contains(&words(&block))) {
                 missing.push(format!("{}:\n{block}", file.display()));
             }
@@ -167,8 +218,15 @@ fn every_rust_block_of_the_guide_compiles() {
 #[test]
 fn the_checks_see_what_they_check() {
     assert_eq!(
-        rust_blocks("a\n```rust\nlet x = 1;\n```\n```sh\nls\n```\n```rust,no_run\ny\n```\n"),
+        blocks(
+            "a\n```rust\nlet x = 1;\n```\n```sh\nls\n```\n```rust,no_run\ny\n```\n```rustc\nz\n```\n",
+            "rust"
+        ),
         ["let x = 1;\n", "y\n"]
+    );
+    assert_eq!(
+        shell_commands("a  b   # why\n# alone\nX=$(c) d \\\n  --e f\ng#h # i\n\n"),
+        ["a b", "X=$(c) d --e f", "g#h"]
     );
     assert_eq!(words(" a  b\n c "), "abc");
     assert_eq!(

@@ -408,3 +408,22 @@ mod scaling {
         Ok(())
     }
 }
+
+/// `signals.md`: sending a signal, and waiting for an answer.
+mod signals {
+    use gen_durable::prelude::*;
+
+    #[rustfmt::skip]
+    async fn send_and_wait(gd: Client, id: i64) -> gen_durable::Result<()> {
+        gd.signal(id, "payment_confirmed", json!({ "amount": 100 }))
+            .dedup_key("evt-7")
+            .await?;
+
+        match gd.wait(Key("order:43")).until_terminal().timeout(Duration::from_secs(2)).await? {
+            Settled::Done(result) => println!("done: {result}"),
+            Settled::Failed(error) => println!("failed: {error}"),
+            other => println!("not yet: {other:?}"),
+        }
+        Ok(())
+    }
+}
