@@ -65,8 +65,10 @@ pub mod wait {
 /// and the statements behind them.
 #[cfg(feature = "metrics")]
 pub mod counts {
-    pub use crate::ops::counts::{queue_counts, Counts, Figure, QueueCounts};
+    pub use crate::ops::counts::{
+        queue_counts, waiting, Counts, Figure, QueueCounts, WaitReason, Waiting,
+    };
     pub use crate::store::pg::counts::{
-        sample_percent, table_pages, EXECUTING, LANES, SAMPLE_BY_QUEUE, TABLE_PAGES,
+        sample_percent, table_pages, EXECUTING, LANES, SAMPLE_BY_QUEUE, TABLE_PAGES, WAITING,
     };
 }

@@ -1079,52 +1079,125 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
     db.close().await;
 }
 
-/// The overview says, per queue, why its runnable rows are not running: paused, no live
-/// node picks the queue, or ready and waiting for a worker (and how many are not due yet).
+/// The overview's "What waits, and why": per queue, the rows that are not running by the
+/// reason `explain` gives each (in its order), with how many and the first of each.
 #[tokio::test]
-async fn the_overview_says_why_each_queues_rows_wait() {
+async fn the_overview_says_what_waits_and_why_by_reason() {
     let db = TestDb::new().await;
     seed(db.pool()).await;
+    // payments: gate `stripe` of K = 2, key `acme` runs 2 and has 1 due row waiting.
+    seed_flow_control(db.pool()).await;
     let app = router(db.pool().clone());
-    let why = |body: &str, queue: &str| -> String {
-        let at = body
-            .find(&format!("data-queue-why=\"{queue}\""))
-            .unwrap_or_else(|| panic!("no why for {queue}: {body}"));
-        let cell = &body[at..];
-        cell[cell.find('>').unwrap() + 1..cell.find("</td>").unwrap()].to_string()
+    // (rows, first) of one line, or None when the table has no such line.
+    let line = |body: &str, queue: &str, reason: &str| -> Option<(String, String)> {
+        let at = body.find(&format!("data-queue=\"{queue}\" data-reason=\"{reason}\""))?;
+        let row = &body[at..body[at..].find("</tr>").map(|e| at + e).unwrap()];
+        let cells: Vec<&str> = row.split("<td").skip(1).collect();
+        let text = |cell: &str| -> String {
+            let mut out = String::new();
+            let mut tag = false;
+            for c in cell[cell.find('>').unwrap() + 1..].chars() {
+                match c {
+                    '<' => tag = true,
+                    '>' => tag = false,
+                    c if !tag => out.push(c),
+                    _ => {}
+                }
+            }
+            out
+        };
+        Some((text(cells[2]), text(cells[3])))
     };
     let o = get(&app, "/").await.body;
-    assert!(
-        why(&o, "checkout").contains("ready: waiting for a worker"),
-        "{o}"
-    );
+    // The seed's two runnable rows, the oldest due 90 s ago.
+    let (rows, first) = line(&o, "checkout", "runnable").expect(&o);
+    assert_eq!(rows, "2", "{o}");
+    assert!(first.starts_with("waiting since 1m 3"), "{first}");
+    assert_eq!(line(&o, "payments", "gate_full").expect(&o).0, "1", "{o}");
+    let (rows, first) = line(&o, "checkout", "awaiting_signals").expect(&o);
+    assert_eq!(rows, "1", "{o}");
+    assert!(first.starts_with("waiting since"), "{first}");
+    assert!(line(&o, "checkout", "scheduled").is_none(), "{o}");
 
-    // A row due later, in a queue no live node picks any more, and a paused queue.
+    // Rows not due yet, each of its kind; a partition key held by a running row; a queue
+    // no live node picks.
     sqlx::raw_sql(
         "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at)
-         VALUES ('Checkout', 2, 'reserve', '{}', 'checkout', now() + interval '1 hour');
-         UPDATE gd_nodes SET queues = '{checkout,mail}';
-         INSERT INTO gd_queue_pauses (queue) VALUES ('checkout');",
+         VALUES ('Checkout', 2, 'reserve', '{}', 'checkout', now() + interval '1 hour'),
+                ('Checkout', 2, 'reserve', '{}', 'checkout', now() + interval '2 hours');
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at, attempt,
+                                   last_error)
+         VALUES ('Checkout', 2, 'ship', '{}', 'checkout', now() + interval '30 seconds', 2,
+                 'card declined');
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at,
+                                   rate_limit, rate_key, rate_step, rate_weight, rate_paid)
+         VALUES ('Checkout', 2, 'ship', '{}', 'checkout', now() + interval '10 minutes',
+                 'carrier', 'eu', 'ship', 1, true);
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status, locked_by,
+                                   lease_epoch, lease_expires_at, partition_key)
+         VALUES ('Checkout', 2, 'ship', '{}', 'checkout', 'executing', 'node-a', 1,
+                 now() + interval '30 seconds', 'order:7');
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         VALUES ('Checkout', 2, 'ship', '{}', 'checkout', 'order:7');
+         INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
+         VALUES ('Report', 1, 'build', '{}', 'reports');",
     )
     .execute(db.pool())
     .await
     .unwrap();
     let o = get(&app, "/").await.body;
-    assert!(why(&o, "checkout").contains("paused"), "{o}");
+    let (rows, first) = line(&o, "checkout", "scheduled").expect(&o);
+    assert_eq!(rows, "2", "{o}");
     assert!(
-        why(&o, "fanout").contains("no live node picks this queue"),
+        first.starts_with("due in 59m") || first.starts_with("due in 1h"),
+        "{first}"
+    );
+    let (rows, first) = line(&o, "checkout", "backoff").expect(&o);
+    assert_eq!(rows, "1", "{o}");
+    assert!(
+        first.starts_with("due in 29") || first.starts_with("due in 30"),
+        "{first}"
+    );
+    assert_eq!(
+        line(&o, "checkout", "rate_limited").expect(&o).0,
+        "1",
         "{o}"
     );
-    sqlx::query("DELETE FROM gd_queue_pauses WHERE queue = 'checkout'")
+    assert_eq!(
+        line(&o, "checkout", "partition_blocked").expect(&o).0,
+        "1",
+        "{o}"
+    );
+    // The held-back row is not counted as waiting for a worker.
+    assert_eq!(line(&o, "checkout", "runnable").expect(&o).0, "2", "{o}");
+    assert_eq!(
+        line(&o, "reports", "no_node_for_queue").expect(&o).0,
+        "1",
+        "{o}"
+    );
+    assert!(line(&o, "reports", "runnable").is_none(), "{o}");
+
+    // A paused queue: every runnable row of it waits for the resume, whatever else holds.
+    sqlx::query("INSERT INTO gd_queue_pauses (queue) VALUES ('checkout')")
         .execute(db.pool())
         .await
         .unwrap();
     let o = get(&app, "/").await.body;
-    let checkout = why(&o, "checkout");
-    assert!(
-        checkout.contains("ready: waiting for a worker; 1 not due yet"),
-        "{checkout}"
+    assert_eq!(
+        line(&o, "checkout", "queue_paused").expect(&o).0,
+        "7",
+        "{o}"
     );
+    for reason in [
+        "scheduled",
+        "backoff",
+        "rate_limited",
+        "partition_blocked",
+        "runnable",
+    ] {
+        assert!(line(&o, "checkout", reason).is_none(), "{reason}: {o}");
+    }
+    assert!(line(&o, "checkout", "awaiting_signals").is_some(), "{o}");
     db.close().await;
 }
 

@@ -1,5 +1,5 @@
 //! The dashboard at 1M rows: p50 load time of each page, and the plans of the statements
-//! behind them (docs/guide/dashboard.md records both). Ignored: it seeds a million rows (and
+//! behind them (docs/design/dashboard.md records both). Ignored: it seeds a million rows (and
 //! flow control: 12,000 gated rows, 1,000 buckets).
 //!
 //! ```sh
@@ -66,7 +66,7 @@ const SEED_FLOW_CONTROL: [&str; 5] = [
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "seeds 1M rows; run it to measure (docs/guide/dashboard.md)"]
+#[ignore = "seeds 1M rows; run it to measure (docs/design/dashboard.md)"]
 async fn p50_page_loads_at_1m_rows() {
     let db = TestDb::new().await;
     let p = db.pool();

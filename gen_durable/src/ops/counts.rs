@@ -92,6 +92,13 @@ pub struct QueueCounts {
     pub ready: Figure,
     /// The oldest due runnable row's `eligible_at` (exact: the first entry of the index).
     pub oldest_ready: Option<DateTime<Utc>>,
+    /// The oldest `updated_at` of each status's rows in the sample (for a parked row,
+    /// when it parked): exact when [`Counts::sample_percent`] is 100, else the oldest
+    /// of the rows sampled.
+    pub oldest: BTreeMap<Status, DateTime<Utc>>,
+    /// The priorities of its lanes that hold runnable rows, ascending ([`waiting`] reads
+    /// them lane by lane).
+    pub priorities: Vec<i16>,
 }
 
 /// Every queue's figures, and how the sampled ones were obtained.
@@ -152,9 +159,11 @@ struct Found {
     ready_capped: bool,
     oldest_ready: Option<DateTime<Utc>>,
     executing: i64,
-    /// Sampled rows by status, and sampled due runnable rows.
+    /// Sampled rows by status, their oldest `updated_at`, and sampled due runnable rows.
     sampled: BTreeMap<Status, i64>,
+    sampled_oldest: BTreeMap<Status, DateTime<Utc>>,
     sampled_ready: i64,
+    priorities: Vec<i16>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -174,6 +183,7 @@ fn combine(
         .collect();
     for l in lanes {
         let f = found.entry(l.queue.clone()).or_default();
+        f.priorities.push(l.priority);
         f.runnable += l.runnable;
         f.runnable_capped |= l.runnable >= cap;
         f.ready += l.ready;
@@ -189,6 +199,9 @@ fn combine(
     for s in sample {
         let f = found.entry(s.queue.clone()).or_default();
         f.sampled.insert(s.status, s.rows);
+        if let Some(t) = s.oldest {
+            f.sampled_oldest.insert(s.status, t);
+        }
         f.sampled_ready += s.ready;
     }
     let exact_sample = percent >= 100.0;
@@ -229,6 +242,8 @@ fn combine(
             QueueCounts {
                 ready: bounded(f.ready, f.ready_capped, f.sampled_ready),
                 oldest_ready: f.oldest_ready,
+                oldest: f.sampled_oldest,
+                priorities: f.priorities,
                 by_status,
                 queue,
             }
@@ -241,6 +256,106 @@ fn combine(
         cap,
         now,
     }
+}
+
+/// Why runnable rows wait when a worker is not what they wait for: the names and the
+/// order of `explain`'s reasons ([`crate::Reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum WaitReason {
+    /// Waiting for the rate-limit tokens they reserved ([`crate::Reason::RateLimited`]).
+    RateLimited,
+    /// Inserted, or moved on, to run later ([`crate::Reason::Scheduled`]).
+    Scheduled,
+    /// Waiting out the delay of a retry ([`crate::Reason::Backoff`]).
+    Backoff,
+    /// Due, while another instance of their partition key executes
+    /// ([`crate::Reason::PartitionBlocked`]).
+    PartitionBlocked,
+    /// Due, while their gate key runs as many steps as the gate allows
+    /// ([`crate::Reason::GateFull`]).
+    GateFull,
+}
+
+impl WaitReason {
+    /// `explain`'s name for it (its JSON `kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::RateLimited => "rate_limited",
+            WaitReason::Scheduled => "scheduled",
+            WaitReason::Backoff => "backoff",
+            WaitReason::PartitionBlocked => "partition_blocked",
+            WaitReason::GateFull => "gate_full",
+        }
+    }
+
+    /// Whether its rows are due (held back by their key) rather than not due yet.
+    pub fn is_due(self) -> bool {
+        matches!(self, WaitReason::PartitionBlocked | WaitReason::GateFull)
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [
+            WaitReason::RateLimited,
+            WaitReason::Scheduled,
+            WaitReason::Backoff,
+            WaitReason::PartitionBlocked,
+            WaitReason::GateFull,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+}
+
+/// Rows of one queue waiting for one [`WaitReason`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The queue.
+    pub queue: String,
+    /// Why they wait.
+    pub reason: WaitReason,
+    /// How many: exact, or at least this many when a lane's reading stopped at the cap.
+    pub rows: Figure,
+    /// The first `eligible_at` among them: when the first is due (not due yet), or since
+    /// when the longest held back has waited (due).
+    pub first: Option<DateTime<Utc>>,
+}
+
+/// The runnable rows of `counts`' queues that wait for something other than a worker, by
+/// reason, as of `counts.now`, reading at most `cap` index entries per lane and kind
+/// (`WAITING`). A figure is a lower bound when its part may have stopped at the cap: a
+/// count that reached it, or held-back rows of a queue whose due rows are more than the
+/// cap (only the first `cap` of each lane are checked).
+pub async fn waiting(pool: &PgPool, counts: &Counts, cap: i64) -> Result<Vec<Waiting>> {
+    let lanes: Vec<(String, i16)> = counts
+        .queues
+        .iter()
+        .flat_map(|q| q.priorities.iter().map(|p| (q.queue.clone(), *p)))
+        .collect();
+    let queues: Vec<String> = counts.queues.iter().map(|q| q.queue.clone()).collect();
+    let rows = counts::waiting(pool, cap, counts.now, &lanes, &queues).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| {
+            let reason = WaitReason::parse(&r.reason)?;
+            let due_capped = reason.is_due()
+                && counts
+                    .queues
+                    .iter()
+                    .any(|q| q.queue == r.queue && q.ready.value() >= cap);
+            let rows = if r.rows >= cap || due_capped {
+                Figure::AtLeast(r.rows)
+            } else {
+                Figure::Exact(r.rows)
+            };
+            Some(Waiting {
+                queue: r.queue,
+                reason,
+                rows,
+                first: r.first,
+            })
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -275,6 +390,7 @@ mod tests {
             status,
             rows,
             ready,
+            oldest: None,
         }
     }
 

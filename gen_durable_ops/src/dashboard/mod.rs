@@ -3,7 +3,7 @@
 //! (concurrency gates and rate limits).
 //!
 //! Server-rendered HTML (no script to build; the throughput chart is inline SVG), every
-//! page a handful of indexed statements (docs/guide/dashboard.md has their plans at 1M rows).
+//! page a handful of indexed statements (docs/design/dashboard.md has their plans at 1M rows).
 //! Serve [`router`] for a read-only dashboard, or [`router_with`] and an operator token
 //! for one that can also cancel, retry and signal:
 //!
@@ -59,6 +59,7 @@ mod session;
 mod signin;
 mod throttle;
 mod timeline;
+mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,7 +136,7 @@ pub fn router_with(pool: PgPool, config: DashboardConfig) -> Router {
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of every statement the pages run, `id` standing for the
-/// instance page's instance: (what, plan). For docs/guide/dashboard.md (see the ignored test
+/// instance page's instance: (what, plan). For docs/design/dashboard.md (see the ignored test
 /// `dashboard_load`); runs each statement once.
 #[doc(hidden)]
 pub async fn plans(pool: &PgPool, id: i64) -> Result<Vec<(String, String)>, DashboardError> {

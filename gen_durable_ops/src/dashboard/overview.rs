@@ -17,7 +17,7 @@ use super::auth::{self, Csrf};
 use super::error::DashboardError;
 use super::layout::{self, Page};
 use super::live::Live;
-use super::{chart, AppState};
+use super::{chart, waiting, AppState};
 use crate::store::{admin, dashboard};
 use gen_durable::backend::counts::{self, Figure};
 use gen_durable::Status;
@@ -60,10 +60,13 @@ pub(crate) async fn page(
         .collect();
     known.extend(pauses.iter().map(|p| p.queue.as_str()));
     let counts = counts::queue_counts(pool, Some(now), EXACT_CAP, &known).await?;
+    let waiting_rows = counts::waiting(pool, &counts, EXACT_CAP).await?;
     let queues = &counts.queues;
     let operator = auth::is_operator(&state, &headers);
-    let paused: std::collections::BTreeSet<&str> =
-        pauses.iter().map(|p| p.queue.as_str()).collect();
+    let paused: std::collections::BTreeMap<&str, chrono::DateTime<chrono::Utc>> = pauses
+        .iter()
+        .map(|p| (p.queue.as_str(), p.paused_at))
+        .collect();
     // The queues some live node picks: a queue none picks waits for a node, however
     // ready its rows are.
     let picked: std::collections::BTreeSet<&str> = nodes
@@ -112,7 +115,7 @@ pub(crate) async fn page(
                 tr {
                     th { "queue" }
                     @for s in Status::ALL { th { (s.as_str()) } }
-                    th { "ready now" } th { "lag of the oldest ready" } th { "why its rows wait" }
+                    th { "ready now" } th { "lag of the oldest ready" }
                     @if operator { th {} }
                 }
                 @for q in queues {
@@ -134,10 +137,9 @@ pub(crate) async fn page(
                                 None => "-",
                             }
                         }
-                        td.why data-queue-why=(name) { (why_waiting(q, paused.contains(name.as_str()), picked.contains(name.as_str()))) }
                         @if operator {
                             td {
-                                @if paused.contains(name.as_str()) { "paused" } @else {
+                                @if paused.contains_key(name.as_str()) { "paused" } @else {
                                     form method="post" class="pause" action=(format!("/queues/{}/pause", urlencode(name))) {
                                         input type="hidden" name="csrf" value=(csrf.0);
                                         input name="reason" placeholder="reason (optional)";
@@ -152,6 +154,8 @@ pub(crate) async fn page(
             p.note { "ready now: runnable rows whose time has come; lag: how long the oldest of them has waited." }
             p.note id="how-counted" { (how_counted(&counts)) }
         }
+        h2 { "What waits, and why" }
+        (waiting::table(now, &counts, &waiting_rows, &paused, &picked))
         h2 { "Finished per minute, last " (chart::MINUTES) " minutes" }
         (chart::throughput(first, &minutes))
         p.note { span style="color:#3c9d5d" { "■ done" } " " span style="color:#d0453a" { "■ failed" } }
@@ -223,7 +227,7 @@ pub(crate) async fn page(
 }
 
 /// How a figure was obtained, for the cell's `data-figure` (tests and scripts read it).
-fn figure_kind(f: Figure) -> &'static str {
+pub(crate) fn figure_kind(f: Figure) -> &'static str {
     match f {
         Figure::Exact(_) => "exact",
         Figure::AtLeast(_) => "at-least",
@@ -257,36 +261,6 @@ fn how_counted(c: &counts::Counts) -> String {
 }
 
 /// A query-string value, percent-encoded (queue names are free text).
-/// Why a queue's runnable rows are not running, as far as the overview's figures say:
-/// its pause or the absence of a live node that picks it come first (nothing of it runs);
-/// then its due rows wait for a worker, and the rest are not due yet (scheduled, backing
-/// off after a failure, or waiting for rate-limit tokens). `explain` says it per row.
-fn why_waiting(q: &counts::QueueCounts, paused: bool, picked: bool) -> maud::Markup {
-    let runnable = q
-        .by_status
-        .get(&Status::Runnable)
-        .copied()
-        .unwrap_or(Figure::Exact(0))
-        .value();
-    let ready = q.ready.value();
-    // Past the counts' cap both figures stop, and their difference means nothing.
-    let capped = matches!(q.ready, Figure::AtLeast(_));
-    let later = if capped { 0 } else { (runnable - ready).max(0) };
-    html! {
-        @if runnable == 0 {
-            span.note { "-" }
-        } @else if paused {
-            span.error { "paused: no node claims its rows" }
-        } @else if !picked {
-            span.error { "no live node picks this queue" }
-        } @else {
-            @if ready > 0 { "ready: waiting for a worker" }
-            @if ready > 0 && later > 0 { "; " }
-            @if later > 0 { (later) " not due yet (scheduled, retrying, or waiting for rate-limit tokens)" }
-        }
-    }
-}
-
 pub(crate) fn urlencode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {

@@ -3,7 +3,7 @@
 //!
 //! Every statement here is bounded by an index range, a `LIMIT` on an index scan or a
 //! sample of a fixed number of pages, so a page costs the same on a table of a thousand
-//! rows or of a million: the EXPLAIN lines are in docs/guide/dashboard.md. All of them only
+//! rows or of a million: the EXPLAIN lines are in docs/design/dashboard.md. All of them only
 //! read. The overview's counts are `counts.rs`' (the metrics read them too).
 
 use chrono::{DateTime, Utc};
@@ -358,7 +358,7 @@ pub(crate) async fn fsm_versions_sampled<'e>(
 }
 
 /// Every statement a dashboard page runs, with the parameters of a typical first load,
-/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/guide/dashboard.md records
+/// under a name. `EXPLAIN (ANALYZE, BUFFERS)` of each is what docs/design/dashboard.md records
 /// at 1M rows (`plans`); the queue counts are `counts`' (shared with the metrics), the
 /// nodes, leases, schedules and inspection `status`'s and `inspect`'s, the flow control
 /// `gate.rs`' and `rate_limit.rs`'. `sample` is the
@@ -375,6 +375,17 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
             vec![cap, Param::NullTime],
         ),
         ("overview: executing (counts)", counts::EXECUTING, vec![cap]),
+        (
+            "overview: what waits, and why (counts)",
+            counts::WAITING,
+            vec![
+                cap,
+                Param::NullTime,
+                Param::Texts(&["q0", "q1", "q2", "q3"]),
+                Param::Int2s(&[0, 0, 0, 0]),
+                Param::Texts(&["q0", "q1", "q2", "q3"]),
+            ],
+        ),
         (
             "overview, fsms: table pages (counts)",
             counts::TABLE_PAGES,
@@ -510,14 +521,16 @@ enum Param {
     Int4(i32),
     Float4(f64),
     Text(&'static str),
-    /// An array of text (the list's statuses).
+    /// An array of text (the list's statuses, the overview's queues).
     Texts(&'static [&'static str]),
+    /// An array of smallint (the overview's lanes' priorities).
+    Int2s(&'static [i16]),
     /// `now()` minus this many minutes.
     Time(i64),
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of every page statement, `id` standing for the instance
-/// of the instance page: (name, plan). For docs/guide/dashboard.md; runs each statement once.
+/// of the instance page: (name, plan). For docs/design/dashboard.md; runs each statement once.
 pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, String)>> {
     use gen_durable::backend::counts;
     let sample = counts::sample_percent(counts::table_pages(pool).await?);
@@ -534,6 +547,7 @@ pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, S
                 Param::Float4(p) => q.bind(p as f32),
                 Param::Text(s) => q.bind(s),
                 Param::Texts(v) => q.bind(v.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
+                Param::Int2s(v) => q.bind(v.to_vec()),
                 Param::Time(m) => q.bind(Utc::now() - chrono::Duration::minutes(m)),
             };
         }

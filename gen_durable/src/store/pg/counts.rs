@@ -13,7 +13,9 @@
 //!   cap ([`EXECUTING`]);
 //! - every status per queue from a sample of about [`SAMPLE_PAGES`] pages of the table
 //!   ([`SAMPLE_BY_QUEUE`]): exact when the table is that small (a 100% sample reads every
-//!   page), an estimate scaled from the sample otherwise.
+//!   page), an estimate scaled from the sample otherwise;
+//! - runnable rows that wait for something other than a worker, by the reason `explain`
+//!   would give ([`WAITING`]), per lane up to a cap.
 //!
 //! None of them locks or writes anything.
 
@@ -192,10 +194,12 @@ pub fn sample_percent(pages: i64) -> f64 {
 /// table; counts scaled by `100 / $1` estimate the table's. `REPEATABLE` samples the same
 /// pages on every call while the table keeps its size, so a page refreshed twice shows
 /// the same estimate rather than noise. `ready` counts the sampled runnable rows due at
-/// `$2`.
+/// `$2`; `oldest` is the sampled rows' oldest `updated_at` (for a parked row, when it
+/// parked).
 pub const SAMPLE_BY_QUEUE: &str = r#"/* gd:admin */
 SELECT queue, status::text AS status, count(*) AS rows,
-       count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($2, now())) AS ready
+       count(*) FILTER (WHERE status = 'runnable' AND eligible_at <= coalesce($2, now())) AS ready,
+       min(updated_at) AS oldest
   FROM gd_instances TABLESAMPLE SYSTEM ($1) REPEATABLE (0)
  GROUP BY queue, gd_instances.status
  ORDER BY queue, gd_instances.status
@@ -208,6 +212,7 @@ pub(crate) struct SampleRow {
     pub(crate) status: crate::Status,
     pub(crate) rows: i64,
     pub(crate) ready: i64,
+    pub(crate) oldest: Option<DateTime<Utc>>,
 }
 
 pub(crate) async fn sample_by_queue<'e>(
@@ -218,6 +223,110 @@ pub(crate) async fn sample_by_queue<'e>(
     Ok(sqlx::query_as(SAMPLE_BY_QUEUE)
         .bind(percent as f32)
         .bind(now)
+        .fetch_all(db)
+        .await?)
+}
+
+/// Runnable rows that wait for something other than a worker, per queue and reason (the
+/// names of `explain`'s reasons), with the first `eligible_at` of each: the soonest due
+/// for rows not due yet, the longest waiting for rows held back. `$1` caps what each part
+/// reads per lane (or per queue), `$2` is the clock, `$3`/`$4` the `(queue, priority)`
+/// lanes that hold runnable rows ([`LANES`]) and `$5` the queues.
+///
+/// - **Not due yet**, rows with a key, a gate or a limit: per lane, the pick index's range
+///   after `$2`, up to `$1` entries: `rate_limited` (tokens reserved, `rate_paid`),
+///   `scheduled` (attempt 0) or `backoff` (a retry).
+/// - **Not due yet**, plain rows: per queue, `gd_due`'s range after `$2` (`gd_due_queue_at`),
+///   up to `$1` entries, each row by primary key: `scheduled` or `backoff`.
+/// - **Due and held back by their key**: per lane, the first `$1` due entries of the pick
+///   index, each checked by the index of its key's executing rows:
+///   `partition_blocked` (a K = 1 key runs, `gd_instances_partition_executing`) or
+///   `gate_full` (its gate key runs K, `gd_instances_gate_executing`).
+///
+/// Its cost is the number of lanes times `3 × $1` index entries at most, plus one probe per
+/// due row read.
+pub const WAITING: &str = r#"/* gd:admin */
+WITH t AS (SELECT coalesce($2, now()) AS now),
+lanes AS (SELECT * FROM unnest($3::text[], $4::int2[]) AS l(queue, priority)),
+flow_later AS (
+    SELECT l.queue,
+           CASE WHEN x.rate_paid THEN 'rate_limited'
+                WHEN x.attempt = 0 THEN 'scheduled' ELSE 'backoff' END AS reason,
+           x.eligible_at
+      FROM lanes l CROSS JOIN t
+     CROSS JOIN LATERAL (
+           SELECT i.rate_paid, i.attempt, i.eligible_at FROM gd_instances i
+            WHERE i.queue = l.queue AND i.priority = l.priority AND i.status = 'runnable'
+              AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
+              AND i.eligible_at > t.now
+            ORDER BY i.eligible_at
+            LIMIT $1) x
+),
+plain_later AS (
+    SELECT q.queue, CASE WHEN i.attempt = 0 THEN 'scheduled' ELSE 'backoff' END AS reason,
+           i.eligible_at
+      FROM unnest($5::text[]) AS q(queue) CROSS JOIN t
+     CROSS JOIN LATERAL (
+           SELECT DISTINCT d.id FROM (SELECT d.id FROM gd_due d
+                                       WHERE d.queue = q.queue AND d.at > t.now
+                                       ORDER BY d.at
+                                       LIMIT $1) d) d
+      JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable'
+                         AND coalesce(i.ready_seq, 0) = 0 AND i.eligible_at > t.now
+),
+held AS (
+    SELECT l.queue,
+           CASE WHEN x.gate IS NULL THEN 'partition_blocked' ELSE 'gate_full' END AS reason,
+           x.eligible_at
+      FROM lanes l CROSS JOIN t
+     CROSS JOIN LATERAL (
+           SELECT i.gate, i.partition_key, i.eligible_at FROM gd_instances i
+            WHERE i.queue = l.queue AND i.priority = l.priority AND i.status = 'runnable'
+              AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
+              AND i.eligible_at <= t.now
+            ORDER BY i.eligible_at
+            LIMIT $1) x
+     WHERE x.partition_key IS NOT NULL
+       AND CASE WHEN x.gate IS NULL THEN
+                EXISTS (SELECT 1 FROM gd_instances e
+                         WHERE e.partition_key = x.partition_key AND e.status = 'executing'
+                           AND e.gate IS NULL)
+           ELSE (SELECT count(*) FROM gd_instances e
+                  WHERE e.status = 'executing' AND e.gate = x.gate
+                    AND e.partition_key = x.partition_key)
+                >= (SELECT g.size FROM gd_gates g WHERE g.name = x.gate)
+           END
+)
+SELECT queue, reason, count(*) AS rows, min(eligible_at) AS first
+  FROM (SELECT * FROM flow_later UNION ALL SELECT * FROM plain_later UNION ALL SELECT * FROM held) w
+ GROUP BY queue, reason
+ ORDER BY queue, reason
+"#;
+
+/// Rows of one queue waiting for one reason ([`WAITING`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct WaitingRow {
+    pub(crate) queue: String,
+    pub(crate) reason: String,
+    pub(crate) rows: i64,
+    pub(crate) first: Option<DateTime<Utc>>,
+}
+
+pub(crate) async fn waiting<'e>(
+    db: impl PgExecutor<'e>,
+    cap: i64,
+    now: DateTime<Utc>,
+    lanes: &[(String, i16)],
+    queues: &[String],
+) -> Result<Vec<WaitingRow>> {
+    let (lane_queues, priorities): (Vec<&str>, Vec<i16>) =
+        lanes.iter().map(|(q, p)| (q.as_str(), *p)).unzip();
+    Ok(sqlx::query_as(WAITING)
+        .bind(cap)
+        .bind(now)
+        .bind(lane_queues)
+        .bind(priorities)
+        .bind(queues)
         .fetch_all(db)
         .await?)
 }
