@@ -243,6 +243,19 @@ async fn every_page_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(width.as_f64(), Some(600.0));
+    // What waits, and why: the ready checkout rows wait for a worker, the parked ones
+    // for their signals.
+    assert!(
+        text(&c, "#waiting tr[data-queue=checkout][data-reason=runnable]")
+            .await
+            .contains("ready: waiting for a worker")
+    );
+    assert!(text(
+        &c,
+        "#waiting tr[data-queue=checkout][data-reason=awaiting_signals]"
+    )
+    .await
+    .contains("awaiting signals"));
     screenshot(&c, "overview").await;
 
     // Instances: the list, then the filter form.
@@ -472,6 +485,34 @@ async fn every_page_in_a_real_browser() {
     assert!(text(&c, "[data-field=last_error]")
         .await
         .contains("cancelled"));
+
+    // Rows ticked on the list: previewed (nothing written), then cancelled, each said so.
+    c.goto(&format!("{base}/instances?queue=checkout"))
+        .await
+        .unwrap();
+    for id in [s.parked, s.old_version] {
+        c.find(Locator::Css(&format!(
+            "#instances tr[data-id='{id}'] input[name=id]"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    }
+    screenshot(&c, "instances-selected").await;
+    click_to(&c, "#selected-preview", "/selected").await;
+    assert!(text(&c, "#selected-report")
+        .await
+        .contains("2 instance(s) selected"));
+    assert_eq!(status_of(db.pool(), s.parked).await.0, "awaiting_signal");
+    click_to(&c, "#selected-confirm", "/selected").await;
+    for id in [s.parked, s.old_version] {
+        assert!(text(&c, &format!("#selected tr[data-id='{id}']"))
+            .await
+            .contains("cancelled"));
+        assert_eq!(status_of(db.pool(), id).await.0, "failed");
+    }
 
     c.close().await.unwrap();
     drop(driver);

@@ -1371,3 +1371,129 @@ async fn actions_are_confirmed_before_they_are_done() {
     assert_eq!(ro.status, StatusCode::FORBIDDEN);
     db.close().await;
 }
+
+/// Per-row selection: an operator ticks rows on the list, previews (nothing written), then
+/// acts; each row's answer is its own (a refusal included). A read-only list has no boxes,
+/// and bad selections are refused whole.
+#[tokio::test]
+async fn an_operator_acts_on_the_rows_selected_on_the_list() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    let app = router_with(
+        db.pool().clone(),
+        DashboardConfig::new().with_operator_token(TOKEN).unwrap(),
+    );
+    let csrf = csrf_of(&app).await;
+    let jar = format!("gd_csrf={csrf}");
+    let act = |form: String| {
+        let (app, jar) = (app.clone(), jar.clone());
+        async move {
+            let mut req = post("/selected", Some(&jar), &form);
+            req.headers_mut().insert(
+                header::AUTHORIZATION,
+                format!("Bearer {TOKEN}").parse().unwrap(),
+            );
+            send(&app, req).await
+        }
+    };
+
+    // The list has a box per row, tied to the selection's form, which comes back here.
+    let list = send(
+        &app,
+        operator_get("/instances?queue=checkout", TOKEN, Some(&jar)),
+    )
+    .await;
+    assert!(list.body.contains("id=\"selected\""), "{}", list.body);
+    let boxed = format!("name=\"id\" value=\"{}\" form=\"selected\"", s.runnable);
+    assert!(list.body.contains(&boxed), "{}", list.body);
+    assert!(
+        list.body
+            .contains("name=\"back\" value=\"/instances?queue=checkout\""),
+        "{}",
+        list.body
+    );
+    let read_only = get(&router(db.pool().clone()), "/instances").await.body;
+    assert!(!read_only.contains("form=\"selected\""), "{read_only}");
+
+    // Refused whole, nothing written: no row, an id that is not one, an unknown action.
+    let before = fingerprint(db.pool()).await;
+    for (form, says) in [
+        (
+            format!("csrf={csrf}&action=cancel"),
+            "no instance is selected",
+        ),
+        (
+            format!("csrf={csrf}&action=cancel&id=abc"),
+            "is not an instance id",
+        ),
+        (
+            format!("csrf={csrf}&action=delete&id={}", s.runnable),
+            "cancel or retry",
+        ),
+    ] {
+        let a = act(form).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+        assert!(a.body.contains(says), "{says}: {}", a.body);
+    }
+    // The preview names them and writes nothing.
+    let ids = format!("id={}&id={}", s.runnable, s.parked);
+    let preview = act(format!("csrf={csrf}&action=cancel&preview=1&{ids}")).await;
+    assert_eq!(preview.status, StatusCode::OK, "{}", preview.body);
+    assert!(
+        preview.body.contains("2 instance(s) selected"),
+        "{}",
+        preview.body
+    );
+    assert!(
+        preview.body.contains("id=\"selected-confirm\""),
+        "{}",
+        preview.body
+    );
+    assert_eq!(fingerprint(db.pool()).await, before);
+
+    // Confirmed: both cancelled, each said so.
+    let done = act(format!("csrf={csrf}&action=cancel&{ids}")).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert_eq!(
+        listed_ids(&done.body),
+        [s.runnable, s.parked],
+        "{}",
+        done.body
+    );
+    assert_eq!(
+        done.body.matches("cancelled (1 failed at once)").count(),
+        2,
+        "{}",
+        done.body
+    );
+    for id in [s.runnable, s.parked] {
+        assert_eq!(status_of(db.pool(), id).await.0, "failed");
+    }
+    // Retry of a failed row and of a finished one: the first is retried, the second
+    // refused on its own line.
+    let done = act(format!(
+        "csrf={csrf}&action=retry&id={}&id={}",
+        s.runnable, s.child_done
+    ))
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(done.body.contains("retried"), "{}", done.body);
+    assert!(done.body.contains("refused:"), "{}", done.body);
+    assert_eq!(status_of(db.pool(), s.runnable).await.0, "runnable");
+    assert_eq!(status_of(db.pool(), s.child_done).await.0, "done");
+
+    // A read-only dashboard refuses it and changes nothing.
+    let before = fingerprint(db.pool()).await;
+    let ro = send(
+        &router(db.pool().clone()),
+        post(
+            "/selected",
+            None,
+            &format!("action=cancel&id={}", s.executing),
+        ),
+    )
+    .await;
+    assert_eq!(ro.status, StatusCode::FORBIDDEN, "{}", ro.body);
+    assert_eq!(fingerprint(db.pool()).await, before);
+    db.close().await;
+}

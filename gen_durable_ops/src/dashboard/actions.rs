@@ -4,8 +4,8 @@
 //! before touching the database.
 //!
 //! Restart (from a step or a history entry), fork, pause/resume and the bulk actions are
-//! in `operator`; their
-//! routes are here with the others, so a read-only dashboard refuses them alike.
+//! in `operator`, the actions on rows selected on the list in `selected`; their routes are
+//! here with the others, so a read-only dashboard refuses them alike.
 
 use axum::extract::{Path, State};
 use axum::http::header::LOCATION;
@@ -19,8 +19,8 @@ use serde_json::Value;
 use super::auth::{authorize, Csrf};
 use super::error::DashboardError;
 use super::instance::{self, Notice};
-use super::operator;
 use super::AppState;
+use super::{operator, selected};
 
 /// Every action route. On a read-only dashboard each one is [`refuse`], which reads
 /// no body and runs nothing.
@@ -39,10 +39,11 @@ pub(crate) fn routes(read_only: bool) -> Router<AppState> {
         .route(ACTION_PATHS[5], post(operator::resume))
         .route(ACTION_PATHS[6], post(operator::bulk))
         .route(ACTION_PATHS[7], post(operator::fork))
+        .route(ACTION_PATHS[8], post(selected::act))
 }
 
 /// The action routes, in `routes`' order.
-pub(crate) const ACTION_PATHS: [&str; 8] = [
+pub(crate) const ACTION_PATHS: [&str; 9] = [
     "/instances/{id}/cancel",
     "/instances/{id}/retry",
     "/instances/{id}/signal",
@@ -51,6 +52,7 @@ pub(crate) const ACTION_PATHS: [&str; 8] = [
     "/queues/{queue}/resume",
     "/bulk",
     "/instances/{id}/fork",
+    "/selected",
 ];
 
 async fn refuse() -> DashboardError {

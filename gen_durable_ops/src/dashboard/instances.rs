@@ -197,6 +197,11 @@ pub(crate) async fn page(
         || filter.since.is_some()
         || filter.until.is_some();
     let operator = auth::is_operator(&state, &headers);
+    // This page again, for the way back from an action on its selected rows.
+    let this_page = match &raw {
+        Some(q) if !q.is_empty() => format!("/instances?{q}"),
+        _ => "/instances".to_string(),
+    };
     let body = html! {
         h1 { "Instances" }
         form.filters method="get" action="/instances" {
@@ -262,11 +267,15 @@ pub(crate) async fn page(
         } @else {
             table id="instances" {
                 tr {
+                    @if operator { th { "select" } }
                     th { "id" } th { "FSM" } th { "step" } th { "status" } th { "queue" }
                     th { "attempt" } th { "key" } th { "parent" } th { "inserted" } th { "updated" } th { "last error" }
                 }
                 @for r in &rows {
                     tr data-id=(r.id) {
+                        @if operator {
+                            td { input type="checkbox" name="id" value=(r.id) form="selected" aria-label=(format!("select #{}", r.id)); }
+                        }
                         td { (layout::instance_link(r.id)) }
                         td { (r.fsm) " v" (r.fsm_version) }
                         td { (r.step) }
@@ -280,6 +289,20 @@ pub(crate) async fn page(
                         td { (layout::clip(r.last_error.as_deref().unwrap_or(""), 80)) }
                     }
                 }
+            }
+        }
+        @if operator && !rows.is_empty() {
+            form.bulk method="post" action="/selected" id="selected" {
+                input type="hidden" name="csrf" value=(csrf.0);
+                input type="hidden" name="back" value=(this_page);
+                input type="hidden" name="preview" value="1";
+                "The selected rows: "
+                select name="action" {
+                    option value="cancel" selected[!failed_only] { "cancel" }
+                    option value="retry" selected[failed_only] { "retry" }
+                }
+                " "
+                button type="submit" id="selected-preview" { "Preview" }
             }
         }
         p {

@@ -55,6 +55,7 @@ mod live;
 mod metrics;
 mod operator;
 mod overview;
+mod selected;
 mod session;
 mod signin;
 mod throttle;

@@ -86,7 +86,7 @@ pub(crate) fn table(
                 "The reasons are " code { "explain" } "'s, checked in its order: a paused queue \
                  holds every runnable row; then rows not due yet, due rows their key holds back, \
                  and the rest wait for a live node that picks the queue, or for a worker. Each \
-                 kind is read up to " (counts.cap) " rows per lane (past it: \"N+\"); parked \
+                 kind is read up to " (Figure::Exact(counts.cap)) " rows per lane (past it: \"N+\"); parked \
                  rows are the counts above, their first from the same sample."
             }
         }
