@@ -292,6 +292,22 @@ CREATE TABLE gd_buckets (
     PRIMARY KEY (name, key)
 );
 
+-- The collector's per-minute rollup of finished instances (minutes.rs), what the
+-- dashboard's charts over hours and days read: the finished rows of a week are too many
+-- for a page to read. Per minute and queue, and per minute for all queues under queue
+-- '*' (written for every minute rolled, even an empty one: the rollup's watermark):
+-- instances done and failed in that minute (by `finished_at`), and a histogram of how long
+-- they took from insert to finish, `took_ms[i]` counting those in [2^(i-2), 2^(i-1)) ms
+-- (`took_ms[1]`: under 1 ms; `took_ms[32]`: 2^30 ms, 12 days, or more).
+CREATE TABLE gd_minutes (
+    minute  timestamptz NOT NULL,
+    queue   text        NOT NULL,
+    done    bigint      NOT NULL,
+    failed  bigint      NOT NULL,
+    took_ms bigint[]    NOT NULL,
+    PRIMARY KEY (minute, queue)
+);
+
 -- The references of `gd_instances.gate` to `gd_gates` and of `gd_instances.rate_limit` to
 -- `gd_rate_limits`, kept by triggers and not by foreign keys, so that a row naming neither
 -- costs nothing: a foreign key queues its check for every row inserted, whatever its value

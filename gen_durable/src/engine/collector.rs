@@ -2,7 +2,9 @@
 //! batches (`SKIP LOCKED`, so several nodes collecting at once only share the work),
 //! never a child whose parent is still live; and rate-limit buckets that are full again
 //! (`rate_limit::sweep`), after recounting what buckets hold for reserved rows
-//! (`rate_limit::recount`); and the history's day partitions (`history::keep`).
+//! (`rate_limit::recount`); and the history's day partitions (`history::keep`). First, it
+//! rolls up the minutes that ended into `gd_minutes` (`minutes::roll`), before their rows
+//! can be collected.
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use crate::engine::service::Service;
 use crate::engine::shared::on_conn;
 use crate::engine::shared::Db;
 use crate::model::error::{Error, Result};
-use crate::store::pg::{admin, history, log, millis, rate_limit};
+use crate::store::pg::{admin, history, log, millis, minutes, rate_limit};
 use crate::telemetry::{Event, Telemetry};
 
 /// The collector's settings.
@@ -69,6 +71,7 @@ impl Service for Collector {
         let batch = self.cfg.batch as i64;
         let mut collected = Collected::default();
         let now = self.db.now();
+        let rolled = on_conn!(self.db, |c| minutes::roll(c, now))?;
         let keep = self.cfg.history_retention;
         on_conn!(self.db, |c| history::keep(c, now, keep))?;
         on_conn!(self.db, |c| rate_limit::recount(c, batch))?;
@@ -81,7 +84,7 @@ impl Service for Collector {
             let n = on_conn!(self.db, |c| admin::gc_batch(c, retention, batch, now))?;
             collected.deleted += n;
             if (n as i64) < batch {
-                collected.more = trimmed == trim;
+                collected.more = trimmed == trim || rolled.behind;
                 return Ok(collected);
             }
         }

@@ -39,6 +39,7 @@ pub(crate) mod insert;
 pub(crate) mod lease;
 pub(crate) mod log;
 pub(crate) mod migration;
+pub(crate) mod minutes;
 pub(crate) mod outcome;
 pub(crate) mod pause;
 pub(crate) mod rate_limit;
