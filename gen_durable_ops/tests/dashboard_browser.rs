@@ -257,6 +257,32 @@ async fn every_page_in_a_real_browser() {
     .await
     .contains("awaiting signals"));
     screenshot(&c, "overview").await;
+    let charts = c.find(Locator::Id("charts")).await.unwrap();
+    c.execute(
+        "arguments[0].scrollIntoView()",
+        vec![serde_json::to_value(&charts).unwrap()],
+    )
+    .await
+    .unwrap();
+    let png = charts.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "charts: not a PNG");
+    save("overview-charts", png);
+    // The charts' window, picked by its link: a day in half hours.
+    c.find(Locator::Css("#window a[data-window='24h']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_url(&c, |u| u.ends_with("/?window=24h")).await;
+    let bars = c
+        .find_all(Locator::Css(
+            "svg#throughput[data-window='24h'] rect.bar.done",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(bars.len(), 48, "a bar per half hour");
+    assert!(c.find(Locator::Css("svg#latency")).await.is_ok());
 
     // Instances: the list, then the filter form.
     c.goto(&format!("{base}/instances")).await.unwrap();

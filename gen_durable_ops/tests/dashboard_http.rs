@@ -1497,3 +1497,59 @@ async fn an_operator_acts_on_the_rows_selected_on_the_list() {
     assert_eq!(fingerprint(db.pool()).await, before);
     db.close().await;
 }
+
+/// The charts over a window: the last 30 minutes from the finished rows (every one took
+/// 5 s), longer windows from the collector's rollup (`gd_minutes`, written here as the
+/// collector would), bucketed; an unknown window is a 400 that says which exist.
+#[tokio::test]
+async fn the_charts_show_throughput_and_latency_over_the_window_picked() {
+    let db = TestDb::new().await;
+    seed(db.pool()).await;
+    let app = router(db.pool().clone());
+    let o = get(&app, "/").await.body;
+    assert!(o.contains("id=\"window\""), "{o}");
+    assert!(o.contains("<svg id=\"latency\" data-window=\"30m\""), "{o}");
+    assert!(o.contains("median 5.0s, 95% within 5.0s"), "{o}");
+
+    // A week of rollup: 100 done an hour, taking 40–60 ms (slot 7: [32, 64) ms), and 10
+    // failed an hour, taking 3–4 s (slot 13: [2048, 4096) ms); one minute an hour.
+    sqlx::raw_sql(
+        "INSERT INTO gd_minutes (minute, queue, done, failed, took_ms)
+         SELECT date_trunc('hour', now()) - h * interval '1 hour', '*', 100, 10,
+                array_fill(0::int8, ARRAY[6]) || ARRAY[100::int8] || array_fill(0::int8, ARRAY[5])
+                || ARRAY[10::int8] || array_fill(0::int8, ARRAY[19])
+           FROM generate_series(1, 7 * 24) h",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let week = get(&app, "/?window=7d").await;
+    assert_eq!(week.status, StatusCode::OK, "{}", week.body);
+    let w = &week.body;
+    assert!(
+        w.contains("<svg id=\"throughput\" data-window=\"7d\""),
+        "{w}"
+    );
+    assert_eq!(
+        w.matches("class=\"bar done\"").count(),
+        42,
+        "a bar per 4 hours"
+    );
+    // A whole 4-hour bucket in the middle of the week: four rolled minutes.
+    assert!(w.contains(": 400 done, 40 failed"), "{w}");
+    // Its median is under 64 ms; its 95th percentile in the failures' slot.
+    assert!(w.contains("median 64ms, 95% within 4.1s"), "{w}");
+    assert!(w.contains("per-minute rollup"), "{w}");
+    let day = get(&app, "/?window=24h").await.body;
+    assert_eq!(
+        day.matches("class=\"bar done\"").count(),
+        48,
+        "a bar per 30 minutes"
+    );
+    assert!(day.contains(": 100 done, 10 failed"), "{day}");
+
+    let bad = get(&app, "/?window=1y").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains("30m, 6h, 24h or 7d"), "{}", bad.body);
+    db.close().await;
+}

@@ -1,4 +1,5 @@
-//! `/`: every queue's counts by status and lag, the throughput of the last 30 minutes,
+//! `/`: every queue's counts by status and lag, what waits and why, the finished instances
+//! and how long they took over a window (`chart`),
 //! paused queues, expired leases, the periodic schedules and the nodes. The schedules,
 //! the nodes and the expired leases are `status`'s own statements (`store::pg::admin`);
 //! the chart and the pauses are the dashboard's. The counts are `gen_durable::backend::counts`': exact
@@ -26,11 +27,13 @@ use gen_durable::Status;
 /// figure shows the sample's estimate, or "1,000+".
 const EXACT_CAP: i64 = 1_000;
 
-/// `?did=paused&queue=Q` (or `resumed`): what the action that led here did.
+/// `?did=paused&queue=Q` (or `resumed`): what the action that led here did;
+/// `?window=6h`: the charts' window.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Params {
     did: Option<String>,
     queue: Option<String>,
+    window: Option<String>,
 }
 
 pub(crate) async fn page(
@@ -43,10 +46,11 @@ pub(crate) async fn page(
     let pool = &state.pool;
     // One clock for every figure of the page: the database's.
     let now = admin::db_now(pool, None).await?;
-    let first = chart::first_minute(now);
+    let window = chart::Window::parse(params.window.as_deref())?;
+    let first = window.first(now);
     // Independent reads, each on its own connection: the page waits for the slowest.
-    let (minutes, pauses, expired, nodes, schedules) = tokio::try_join!(
-        dashboard::throughput(pool, first),
+    let (buckets, pauses, expired, nodes, schedules) = tokio::try_join!(
+        finished(pool, window, first),
         dashboard::pauses(pool),
         admin::expired_leases(pool, Some(now)),
         admin::nodes(pool, Some(now)),
@@ -156,9 +160,22 @@ pub(crate) async fn page(
         }
         h2 { "What waits, and why" }
         (waiting::table(now, &counts, &waiting_rows, &paused, &picked))
-        h2 { "Finished per minute, last " (chart::MINUTES) " minutes" }
-        (chart::throughput(first, &minutes))
-        p.note { span style="color:#3c9d5d" { "■ done" } " " span style="color:#d0453a" { "■ failed" } }
+        div id="charts" {
+            h2 { "Finished instances, " (window.says()) }
+            (chart::picker(window))
+            (chart::throughput(window, first, &buckets))
+            p.note { span style="color:#3c9d5d" { "■ done" } " " span style="color:#d0453a" { "■ failed" } }
+            h2 { "How long they took, insert to finish" }
+            (chart::latency(window, first, &buckets))
+            p.note {
+                span style="color:#7a9cc6" { "■ 95% within" } " ─ median. "
+                @if window.rolled_up() {
+                    "From the collector's per-minute rollup (gd_minutes): minutes are added once they have been over for a minute, by the engines' collectors; durations to the next power of two milliseconds."
+                } @else {
+                    "From the finished rows themselves, to the current minute."
+                }
+            }
+        }
         @if !expired.is_empty() {
             h2 { "Executing rows whose lease expired" }
             table id="expired" {
@@ -224,6 +241,43 @@ pub(crate) async fn page(
     Ok(Page::new("Overview", body)
         .live(live)
         .viewer(operator.then_some(csrf.0.as_str()), state.token.is_some()))
+}
+
+/// The chart's buckets: the last 30 minutes from the finished rows, longer windows from
+/// the collector's rollup.
+async fn finished(
+    pool: &sqlx::PgPool,
+    window: chart::Window,
+    first: chrono::DateTime<chrono::Utc>,
+) -> gen_durable::Result<Vec<chart::Bucket>> {
+    if !window.rolled_up() {
+        let rows = dashboard::throughput(pool, first).await?;
+        return Ok(rows
+            .into_iter()
+            .map(|r| chart::Bucket {
+                at: r.minute,
+                done: r.done,
+                failed: r.failed,
+                took: r
+                    .p50_ms
+                    .zip(r.p95_ms)
+                    .map(|(p50, p95)| chart::Took { p50, p95 }),
+            })
+            .collect());
+    }
+    let (_, len) = window.buckets();
+    let rows = dashboard::rollup(pool, first, len.num_seconds()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| chart::Bucket {
+            at: r.at,
+            done: r.done,
+            failed: r.failed,
+            took: chart::quantile(&r.took_ms, 0.5)
+                .zip(chart::quantile(&r.took_ms, 0.95))
+                .map(|(p50, p95)| chart::Took { p50, p95 }),
+        })
+        .collect())
 }
 
 /// How a figure was obtained, for the cell's `data-figure` (tests and scripts read it).

@@ -11,26 +11,33 @@ use sqlx::PgExecutor;
 
 use gen_durable::Result;
 
-/// Done and failed rows per minute since `$1`, for the overview's chart. A range of the
-/// collector's index `gd_instances_finished (finished_at) WHERE status IN ('done',
-/// 'failed')`, so it reads the rows that finished in the window and nothing older: its
-/// cost follows the throughput, not the table.
+/// Done and failed rows per minute since `$1`, with how long they took from insert to
+/// finish (the median and the 95th percentile, in milliseconds), for the overview's chart
+/// of the last 30 minutes. A range of the collector's index `gd_instances_finished
+/// (finished_at) WHERE status IN ('done', 'failed')`, so it reads the rows that finished
+/// in the window and nothing older: its cost follows the throughput, not the table.
 const THROUGHPUT: &str = r#"/* gd:dashboard */
 SELECT date_trunc('minute', finished_at) AS minute,
        count(*) FILTER (WHERE status = 'done') AS done,
-       count(*) FILTER (WHERE status = 'failed') AS failed
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - inserted_at))
+           * 1000 AS p50_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - inserted_at))
+           * 1000 AS p95_ms
   FROM gd_instances
  WHERE status IN ('done', 'failed') AND finished_at >= $1
  GROUP BY 1
  ORDER BY 1
 "#;
 
-/// One minute of the throughput chart.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// One minute of the chart of the last 30 minutes.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub(crate) struct MinuteRow {
     pub(crate) minute: DateTime<Utc>,
     pub(crate) done: i64,
     pub(crate) failed: i64,
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p95_ms: Option<f64>,
 }
 
 pub(crate) async fn throughput<'e>(
@@ -38,6 +45,49 @@ pub(crate) async fn throughput<'e>(
     since: DateTime<Utc>,
 ) -> Result<Vec<MinuteRow>> {
     Ok(sqlx::query_as(THROUGHPUT).bind(since).fetch_all(db).await?)
+}
+
+/// The collector's per-minute rollup for all queues (`gd_minutes`, queue `'*'`) since
+/// `$1`, summed into buckets of `$2` seconds from `$1`: done, failed, and the histogram of
+/// how long they took (slot by slot). A range of its primary key `(minute, queue)`: at most
+/// 1,440 rows a day of window.
+const ROLLUP: &str = r#"/* gd:dashboard */
+WITH m AS (
+    SELECT $1 + floor(extract(epoch FROM minute - $1) / $2) * $2 * interval '1 second' AS at,
+           done, failed, took_ms
+      FROM gd_minutes
+     WHERE minute >= $1 AND queue = '*'
+), slots AS (
+    SELECT m.at, s.slot, sum(s.n)::int8 AS n
+      FROM m, unnest(m.took_ms) WITH ORDINALITY AS s(n, slot)
+     GROUP BY m.at, s.slot
+)
+SELECT m.at, sum(m.done)::int8 AS done, sum(m.failed)::int8 AS failed,
+       (SELECT array_agg(s.n ORDER BY s.slot) FROM slots s WHERE s.at = m.at) AS took_ms
+  FROM m
+ GROUP BY m.at
+ ORDER BY m.at
+"#;
+
+/// One bucket of a chart read from the rollup.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct RollupRow {
+    pub(crate) at: DateTime<Utc>,
+    pub(crate) done: i64,
+    pub(crate) failed: i64,
+    pub(crate) took_ms: Vec<i64>,
+}
+
+pub(crate) async fn rollup<'e>(
+    db: impl PgExecutor<'e>,
+    since: DateTime<Utc>,
+    bucket_secs: i64,
+) -> Result<Vec<RollupRow>> {
+    Ok(sqlx::query_as(ROLLUP)
+        .bind(since)
+        .bind(bucket_secs as f64)
+        .fetch_all(db)
+        .await?)
 }
 
 /// Queues an operator paused (migration 0009): a handful of rows at most.
@@ -397,6 +447,11 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
             vec![Param::Float4(sample), Param::NullTime],
         ),
         ("overview: throughput", THROUGHPUT, vec![t(30)]),
+        (
+            "overview: throughput over 7 days (rollup)",
+            ROLLUP,
+            vec![t(7 * 24 * 60), Param::Float8(4.0 * 3600.0)],
+        ),
         ("overview: pauses", PAUSES, vec![]),
         (
             "instance: the version's steps (restart form)",
@@ -520,6 +575,7 @@ enum Param {
     Int(i64),
     Int4(i32),
     Float4(f64),
+    Float8(f64),
     Text(&'static str),
     /// An array of text (the list's statuses, the overview's queues).
     Texts(&'static [&'static str]),
@@ -545,6 +601,7 @@ pub(crate) async fn plans(pool: &sqlx::PgPool, id: i64) -> Result<Vec<(String, S
                 Param::Int(n) => q.bind(n),
                 Param::Int4(n) => q.bind(n),
                 Param::Float4(p) => q.bind(p as f32),
+                Param::Float8(p) => q.bind(p),
                 Param::Text(s) => q.bind(s),
                 Param::Texts(v) => q.bind(v.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
                 Param::Int2s(v) => q.bind(v.to_vec()),
