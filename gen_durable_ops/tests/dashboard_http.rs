@@ -197,11 +197,12 @@ async fn the_flow_control_page_shows_gates_and_buckets() {
         p.body
     );
 
-    // More runnable rows than the page reads, all before the gated one in pick order: the
+    // More runnable rows than the page reads, all before the gated one in the pick
+    // index's order (rows with a key: plain rows wait on the log, never gated): the
     // waiting counts become lower bounds, and say so.
     sqlx::query(
-        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue)
-         SELECT 'Mail', 1, 'send', '{}', 'aaa' FROM generate_series(1, 1000)",
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, partition_key)
+         SELECT 'Mail', 1, 'send', '{}', 'aaa', 'k' || g FROM generate_series(1, 1000) g",
     )
     .execute(db.pool())
     .await
@@ -1551,5 +1552,35 @@ async fn the_charts_show_throughput_and_latency_over_the_window_picked() {
     let bad = get(&app, "/?window=1y").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
     assert!(bad.body.contains("30m, 6h, 24h or 7d"), "{}", bad.body);
+    db.close().await;
+}
+
+/// No page statement reads `gd_instances` whole: with sequential scans turned off, each
+/// still finds an index (or samples pages). A statement whose condition no longer implies
+/// a partial index's predicate has nothing but the table to scan, whatever the planner is
+/// told, so it shows here on a small table as it would on a million rows.
+#[tokio::test]
+async fn every_page_statement_reads_the_instances_through_an_index() {
+    let db = TestDb::new().await;
+    let s = seed(db.pool()).await;
+    seed_flow_control(db.pool()).await;
+    let no_seqscan = (*db.pool().connect_options())
+        .clone()
+        .options([("enable_seqscan", "off")]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(no_seqscan)
+        .await
+        .unwrap();
+    for (name, plan) in gen_durable_ops::dashboard::plans(&pool, s.parent)
+        .await
+        .unwrap()
+    {
+        assert!(
+            !plan.contains("Seq Scan on gd_instances"),
+            "{name} scans the table:\n{plan}"
+        );
+    }
+    pool.close().await;
     db.close().await;
 }

@@ -16,9 +16,11 @@ use sqlx::PgExecutor;
 ///   the range was cut (`cut`: the last (gate, key) read), counts are exact before it;
 ///   that key and every key after it are lower bounds (`running_capped`), and a gate at
 ///   or after it may have keys not listed (`keys_cut`).
-/// - `waiting`: the gated rows among the first `$2` runnable rows in pick order (the pick
-///   index, stopped by the `LIMIT`: the rows the next picks would reach first, read from
-///   the heap for their gate and key). Exact when fewer than `$2` rows are runnable in
+/// - `waiting`: the gated rows among the first `$2` runnable rows with a key, a gate or a
+///   limit in pick order (the pick index `gd_instances_pick`, whose predicate the
+///   condition repeats so that the planner can use it, stopped by the `LIMIT`: the rows
+///   the next picks of the index would reach first, read from the heap for their gate and
+///   key; plain rows wait on the log and are never gated). Exact when fewer than `$2` rows are runnable in
 ///   all; lower bounds otherwise (`waiting_capped`), and a key whose waiting rows all lie
 ///   past the window shows none.
 ///
@@ -44,6 +46,7 @@ WITH read AS MATERIALIZED (
 ), seen AS MATERIALIZED (
     SELECT i.gate, i.partition_key AS key FROM gd_instances i
      WHERE i.status = 'runnable'
+       AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
      ORDER BY i.queue, i.priority, i.eligible_at, i.id
      LIMIT $2
 ), waiting AS (
