@@ -17,7 +17,7 @@ pub use crate::model::step::{Outcome, StepOutput};
 pub use crate::model::transition::KeyChange;
 pub use crate::model::validate::{check_signal, check_target};
 pub use crate::ops::fork::{fork_row, ForkOf};
-pub use crate::ops::{check_queue, check_restart_step, BulkAction, FilterMatch};
+pub use crate::ops::{check_queue, check_restart_step, BulkAction, FilterMatch, FilterRow};
 pub use crate::runtime::{refused, run_erased, StepInput};
 
 /// The engine's statements as `(name, parameter types, SQL)`, named as the SQL audit's

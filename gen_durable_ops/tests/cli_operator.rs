@@ -243,6 +243,24 @@ async fn cancel_and_retry_by_filter_with_a_dry_run() {
     }
     assert_eq!(status_of(p, young).await.as_deref(), Some("runnable"));
     assert_eq!(status_of(p, other).await.as_deref(), Some("runnable"));
+    // By the text of their last error, in any case: the three just cancelled.
+    for (text, matched) in [("CANCEL", 3), ("boom", 0)] {
+        let j = gd_on(
+            &db,
+            &[
+                "--json",
+                "retry",
+                "--fsm",
+                "Sync",
+                "--error-contains",
+                text,
+                "--dry-run",
+            ],
+        )
+        .expect(0)
+        .json();
+        assert_eq!(j["matched"], matched, "{text}");
+    }
 
     // Nothing matches: a count of 0, not an error.
     let j = gd_on(&db, &["--json", "cancel", "--fsm", "Nope"])

@@ -1008,8 +1008,9 @@ async fn bad_requests_and_unknown_routes_get_the_dashboards_error_page() {
 }
 
 /// Finding: a queue or FSM in another case is the one in use (offered in pick lists), an
-/// error's text in any case, a parent's children, an id straight to its page; with a
-/// filter a bulk action cannot take, the bulk form says so instead of acting on more.
+/// error's text in any case, a parent's children, an id straight to its page; the bulk
+/// form acts on the same filter (a JSON path aside: then it says so instead of acting on
+/// more).
 #[tokio::test]
 async fn the_list_finds_by_any_case_error_text_parent_and_id() {
     let db = TestDb::new().await;
@@ -1064,11 +1065,69 @@ async fn the_list_finds_by_any_case_error_text_parent_and_id() {
     let bad = get(&app, "/instances?id=x").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 
-    // The bulk form acts on queue, FSM and status: with an error filter on, it says so.
-    let jar = format!("gd_csrf={}", csrf_of(&app).await);
-    let narrowed = send(
+    // The bulk form takes the list's filters: with an error text on, it acts on the rows
+    // whose error holds it, in any case, and on no other.
+    let csrf = csrf_of(&app).await;
+    let jar = format!("gd_csrf={csrf}");
+    let list = send(
         &app,
         operator_get("/instances?fsm=Checkout&error=said", TOKEN, Some(&jar)),
+    )
+    .await;
+    assert!(list.body.contains("id=\"bulk\""), "{}", list.body);
+    assert!(
+        list.body.contains("name=\"error\" value=\"said\""),
+        "{}",
+        list.body
+    );
+    let act = |form: String| {
+        let (app, jar) = (app.clone(), jar.clone());
+        async move {
+            let mut req = post("/bulk", Some(&jar), &form);
+            req.headers_mut().insert(
+                header::AUTHORIZATION,
+                format!("Bearer {TOKEN}").parse().unwrap(),
+            );
+            send(&app, req).await
+        }
+    };
+    let form = format!("csrf={csrf}&fsm=Checkout&status=failed&error=SAID&action=retry");
+    let preview = act(format!("{form}&preview=1")).await;
+    assert!(
+        preview.body.contains("1 instance(s) match"),
+        "{}",
+        preview.body
+    );
+    // The confirmation carries the filter previewed, and the way back keeps it.
+    assert!(
+        preview.body.contains("name=\"error\" value=\"SAID\""),
+        "{}",
+        preview.body
+    );
+    assert!(
+        preview
+            .body
+            .contains("/instances?fsm=Checkout&amp;status=failed&amp;error=SAID"),
+        "{}",
+        preview.body
+    );
+    let none = act(format!(
+        "csrf={csrf}&fsm=Checkout&status=failed&error=nowhere&action=retry&preview=1"
+    ))
+    .await;
+    assert!(none.body.contains("0 instance(s) match"), "{}", none.body);
+    let done = act(form).await;
+    assert!(done.body.contains("1 matched, 1 changed"), "{}", done.body);
+    assert_eq!(status_of(db.pool(), s.failed).await.0, "runnable");
+
+    // A JSON path it cannot take: it says so instead of acting on more.
+    let narrowed = send(
+        &app,
+        operator_get(
+            "/instances?fsm=Checkout&path=%24.state.order%20%3D%3D%2042",
+            TOKEN,
+            Some(&jar),
+        ),
     )
     .await;
     assert!(

@@ -55,6 +55,17 @@ pub struct Filter {
     pub older_than: Option<Duration>,
     /// Only rows whose correlation key starts with this (`%` and `_` are plain characters).
     pub key_prefix: Option<String>,
+    /// Only rows with exactly this correlation key.
+    pub key: Option<String>,
+    /// Only rows inserted at or after this instant.
+    pub inserted_since: Option<DateTime<Utc>>,
+    /// Only rows inserted before this instant.
+    pub inserted_until: Option<DateTime<Utc>>,
+    /// Only rows whose last error contains this text, in any case (`lower` on both sides:
+    /// no pattern characters).
+    pub error_contains: Option<String>,
+    /// Only the children of this instance.
+    pub parent: Option<i64>,
 }
 
 impl Filter {
@@ -111,6 +122,36 @@ impl Filter {
         self
     }
 
+    /// Only instances with exactly the correlation key `key`.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Only instances inserted at or after `at`.
+    pub fn with_inserted_since(mut self, at: DateTime<Utc>) -> Self {
+        self.inserted_since = Some(at);
+        self
+    }
+
+    /// Only instances inserted before `at`.
+    pub fn with_inserted_until(mut self, at: DateTime<Utc>) -> Self {
+        self.inserted_until = Some(at);
+        self
+    }
+
+    /// Only instances whose last error contains `text`, in any case.
+    pub fn with_error_containing(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only the children of instance `parent`.
+    pub fn with_parent(mut self, parent: i64) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+
     /// The statuses an action that takes `allowed` statuses acts on (all of them when the
     /// filter names none), or the [`Error::InvalidInput`] saying what is wrong with the
     /// filter: the checks both engines make before anything is read.
@@ -131,6 +172,8 @@ impl Filter {
             ("queue", &self.queue),
             ("fsm", &self.fsm),
             ("key_prefix", &self.key_prefix),
+            ("key", &self.key),
+            ("error_contains", &self.error_contains),
         ] {
             if let Some(v) = v {
                 validate::key(what, v)?;
@@ -165,6 +208,11 @@ impl Filter {
             updated_after: self.updated_after,
             older_than_ms: self.older_than.map(millis),
             key_prefix: self.key_prefix.as_deref(),
+            key: self.key.as_deref(),
+            inserted_since: self.inserted_since,
+            inserted_until: self.inserted_until,
+            error_contains: self.error_contains.as_deref(),
+            parent: self.parent,
             now,
         })
     }
@@ -223,28 +271,43 @@ pub struct FilterMatch {
     older: Option<DateTime<Utc>>,
 }
 
+/// The columns of a row a [`FilterMatch`] reads.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct FilterRow<'a> {
+    pub queue: &'a str,
+    pub fsm: &'a str,
+    pub version: i32,
+    pub status: Status,
+    pub inserted_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub unique_key: Option<&'a str>,
+    pub last_error: Option<&'a str>,
+    pub parent_id: Option<i64>,
+}
+
 impl FilterMatch {
-    /// Whether a row with these columns matches.
-    pub fn matches(
-        &self,
-        queue: &str,
-        fsm: &str,
-        version: i32,
-        status: Status,
-        updated_at: DateTime<Utc>,
-        unique_key: Option<&str>,
-    ) -> bool {
+    /// Whether a row matches (a NULL column never matches a condition on it).
+    pub fn matches(&self, r: FilterRow<'_>) -> bool {
         let f = &self.filter;
-        f.queue.as_deref().is_none_or(|q| q == queue)
-            && f.fsm.as_deref().is_none_or(|n| n == fsm)
-            && f.version.is_none_or(|v| v == version)
-            && self.statuses.contains(&status)
-            && f.updated_before.is_none_or(|t| updated_at < t)
-            && f.updated_after.is_none_or(|t| updated_at > t)
-            && self.older.is_none_or(|t| updated_at < t)
+        f.queue.as_deref().is_none_or(|q| q == r.queue)
+            && f.fsm.as_deref().is_none_or(|n| n == r.fsm)
+            && f.version.is_none_or(|v| v == r.version)
+            && self.statuses.contains(&r.status)
+            && f.updated_before.is_none_or(|t| r.updated_at < t)
+            && f.updated_after.is_none_or(|t| r.updated_at > t)
+            && self.older.is_none_or(|t| r.updated_at < t)
             && f.key_prefix
                 .as_deref()
-                .is_none_or(|p| unique_key.is_some_and(|k| k.starts_with(p)))
+                .is_none_or(|p| r.unique_key.is_some_and(|k| k.starts_with(p)))
+            && f.key.as_deref().is_none_or(|k| r.unique_key == Some(k))
+            && f.inserted_since.is_none_or(|t| r.inserted_at >= t)
+            && f.inserted_until.is_none_or(|t| r.inserted_at < t)
+            && f.error_contains.as_deref().is_none_or(|text| {
+                r.last_error
+                    .is_some_and(|e| e.to_lowercase().contains(&text.to_lowercase()))
+            })
+            && f.parent.is_none_or(|p| r.parent_id == Some(p))
     }
 }
 

@@ -15,6 +15,6 @@ mod pause;
 mod restart;
 pub(crate) mod schema;
 
-pub use bulk::{BulkAction, BulkReport, Filter, FilterMatch, BULK_BATCH};
+pub use bulk::{BulkAction, BulkReport, Filter, FilterMatch, FilterRow, BULK_BATCH};
 pub use pause::check_queue;
 pub use restart::check_restart_step;

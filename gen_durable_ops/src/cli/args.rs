@@ -196,6 +196,15 @@ pub(crate) struct FilterArgs {
     /// Only instances whose correlation key starts with this.
     #[arg(long)]
     pub(crate) key_prefix: Option<String>,
+    /// Only instances with exactly this correlation key.
+    #[arg(long)]
+    pub(crate) key: Option<String>,
+    /// Only the children of this instance.
+    #[arg(long)]
+    pub(crate) parent: Option<i64>,
+    /// Only instances whose last error contains this text, in any case.
+    #[arg(long)]
+    pub(crate) error_contains: Option<String>,
     /// Count the instances the filter matches; change nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -211,6 +220,9 @@ impl FilterArgs {
             statuses: self.statuses.clone(),
             older_than: self.older_than,
             key_prefix: self.key_prefix.clone(),
+            key: self.key.clone(),
+            parent: self.parent,
+            error_contains: self.error_contains.clone(),
             ..gen_durable::Filter::default()
         }
     }

@@ -193,5 +193,14 @@ fn describe(f: &Filter) -> String {
     if let Some(k) = &f.key_prefix {
         parts.push(format!("key-prefix={k:?}"));
     }
+    if let Some(k) = &f.key {
+        parts.push(format!("key={k:?}"));
+    }
+    if let Some(p) = f.parent {
+        parts.push(format!("parent={p}"));
+    }
+    if let Some(e) = &f.error_contains {
+        parts.push(format!("error-contains={e:?}"));
+    }
     parts.join(" ")
 }

@@ -60,7 +60,7 @@ fn given(v: &Option<String>) -> Option<String> {
 
 /// `2026-12-02T10:00` (as a `datetime-local` input sends it, read as UTC), with seconds,
 /// or RFC 3339.
-fn parse_time(field: &str, v: &str) -> Result<DateTime<Utc>, DashboardError> {
+pub(crate) fn parse_time(field: &str, v: &str) -> Result<DateTime<Utc>, DashboardError> {
     if let Ok(t) = DateTime::parse_from_rfc3339(v) {
         return Ok(t.with_timezone(&Utc));
     }
@@ -187,15 +187,10 @@ pub(crate) async fn page(
         None
     };
     let v = |o: &Option<String>| o.clone().unwrap_or_default();
-    // Filters a bulk action cannot take: with one of them on, the form would act on more
-    // rows than the list shows.
+    // The filter a bulk action cannot take (the in-memory kit has no JSON path): with it
+    // on, the form would act on more rows than the list shows.
     let failed_only = filter.status == ["failed"];
-    let narrower = filter.key.is_some()
-        || filter.parent.is_some()
-        || filter.error.is_some()
-        || filter.path.is_some()
-        || filter.since.is_some()
-        || filter.until.is_some();
+    let narrower = filter.path.is_some();
     let operator = auth::is_operator(&state, &headers);
     // This page again, for the way back from an action on its selected rows.
     let this_page = match &raw {
@@ -235,7 +230,7 @@ pub(crate) async fn page(
         }
         @if operator && (params.queue.is_some() || params.fsm.is_some()) && narrower {
             p.note id="bulk-narrower" {
-                "Bulk actions take the queue, FSM and status only: clear the key, error, parent, state/result and time filters to act on every instance they match."
+                "Bulk actions take every filter but state/result: clear it to act on every instance the others match, or tick the rows to act on."
             }
         }
         @if operator && (params.queue.is_some() || params.fsm.is_some()) && !narrower {
@@ -244,7 +239,12 @@ pub(crate) async fn page(
                 input type="hidden" name="queue" value=(v(&params.queue));
                 input type="hidden" name="fsm" value=(v(&params.fsm));
                 input type="hidden" name="status" value=(filter.status.join(","));
-                "Every instance of this queue/FSM/status (key and times aside): "
+                input type="hidden" name="key" value=(v(&params.key));
+                input type="hidden" name="parent" value=(v(&params.parent));
+                input type="hidden" name="error" value=(v(&params.error));
+                input type="hidden" name="since" value=(v(&params.since));
+                input type="hidden" name="until" value=(v(&params.until));
+                "Every instance this filter matches (not only this page): "
                 select name="action" {
                     // On a list of failed instances, retrying them is the likely intent.
                     option value="cancel" selected[!failed_only] { "cancel" }

@@ -14,6 +14,7 @@ use serde::Deserialize;
 use super::actions::{back_to, on_instance, redirect, refused};
 use super::auth::{authorize, Csrf};
 use super::error::DashboardError;
+use super::instances::parse_time;
 use super::layout::Page;
 use super::overview::urlencode;
 use super::AppState;
@@ -136,6 +137,17 @@ pub(crate) struct BulkForm {
     fsm: String,
     #[serde(default)]
     status: String,
+    /// The list's other filters, as its query string gives them.
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    parent: String,
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    since: String,
+    #[serde(default)]
+    until: String,
     /// `cancel` or `retry`.
     #[serde(default)]
     action: String,
@@ -167,8 +179,68 @@ impl BulkForm {
         if !statuses.is_empty() {
             f = f.with_statuses(statuses);
         }
+        if let Some(key) = given(&self.key) {
+            f = f.with_key(key);
+        }
+        if let Some(p) = given(&self.parent) {
+            let parent = p.parse().map_err(|_| {
+                DashboardError::BadRequest(format!("parent {p:?} is not an instance id"))
+            })?;
+            f = f.with_parent(parent);
+        }
+        if let Some(text) = given(&self.error) {
+            f = f.with_error_containing(text);
+        }
+        if let Some(v) = given(&self.since) {
+            f = f.with_inserted_since(parse_time("since", v)?);
+        }
+        if let Some(v) = given(&self.until) {
+            f = f.with_inserted_until(parse_time("until", v)?);
+        }
         Ok(f)
     }
+
+    /// The filter's fields as the list's query string (the way back to it).
+    fn query(&self) -> String {
+        [
+            ("queue", &self.queue),
+            ("fsm", &self.fsm),
+            ("status", &self.status),
+            ("key", &self.key),
+            ("parent", &self.parent),
+            ("error", &self.error),
+            ("since", &self.since),
+            ("until", &self.until),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, v)| format!("{k}={}", urlencode(v.trim())))
+        .collect::<Vec<_>>()
+        .join("&")
+    }
+
+    /// The filter's fields as hidden inputs (the confirmation carries the previewed filter).
+    fn hidden(&self) -> maud::Markup {
+        html! {
+            @for (k, v) in [
+                ("queue", &self.queue),
+                ("fsm", &self.fsm),
+                ("status", &self.status),
+                ("key", &self.key),
+                ("parent", &self.parent),
+                ("error", &self.error),
+                ("since", &self.since),
+                ("until", &self.until),
+            ] {
+                input type="hidden" name=(k) value=(v);
+            }
+        }
+    }
+}
+
+/// A form field, trimmed, unless empty.
+fn given(v: &str) -> Option<&str> {
+    Some(v.trim()).filter(|v| !v.is_empty())
 }
 
 pub(crate) async fn bulk(
@@ -189,12 +261,7 @@ pub(crate) async fn bulk(
         }
     }
     .map_err(refused)?;
-    let back = format!(
-        "/instances?queue={}&fsm={}&status={}",
-        urlencode(form.queue.trim()),
-        urlencode(form.fsm.trim()),
-        urlencode(form.status.trim())
-    );
+    let back = format!("/instances?{}", form.query());
     let verb = if form.action == "cancel" {
         "cancel"
     } else {
@@ -208,9 +275,7 @@ pub(crate) async fn bulk(
             }
             form method="post" action="/bulk" {
                 input type="hidden" name="csrf" value=(form.csrf);
-                input type="hidden" name="queue" value=(form.queue);
-                input type="hidden" name="fsm" value=(form.fsm);
-                input type="hidden" name="status" value=(form.status);
+                (form.hidden())
                 input type="hidden" name="action" value=(form.action);
                 button type="submit" id="bulk-confirm" { "Confirm: " (verb) " " (report.matched) }
             }

@@ -188,6 +188,7 @@ conformance! {
     operator::a_bulk_dry_run_counts_and_changes_nothing,
     operator::cancel_where_cancels_the_matches_with_their_live_children,
     operator::retry_where_retries_the_failed_matches_and_skips_a_taken_key,
+    operator::bulk_filters_take_a_key_an_insert_time_a_parent_and_an_error_text,
 }
 
 #[test]

@@ -462,3 +462,87 @@ pub async fn retry_where_retries_the_failed_matches_and_skips_a_taken_key<B: Bac
     b.get(holder).await.assert_failed("cancelled");
     assert_eq!(b.get_by_key(&key).await.id, recent);
 }
+
+/// A bulk action takes the filters of the dashboard's list: an exact correlation key (not
+/// the keys it prefixes), the insert time (since, inclusive; until, exclusive), a parent,
+/// and a text in the last error, in any case. A key the database cannot hold is bad
+/// input, refused before anything is read.
+pub async fn bulk_filters_take_a_key_an_insert_time_a_parent_and_an_error_text<B: Backend>(
+    b: &mut B,
+) {
+    let key = format!("{}:exact", b.tag());
+    let keyed = b
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(&key))
+        .await
+        .unwrap();
+    let prefixed = b
+        .insert::<Waiter>(S::default(), Opts::default().unique_key(format!("{key}-2")))
+        .await
+        .unwrap();
+    let failed = b
+        .insert::<Plain>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    b.advance(Duration::from_secs(60)).await;
+    let since = b.now();
+    let holder = b
+        .insert::<Holder>(S::default(), Opts::default())
+        .await
+        .unwrap();
+    b.run().await;
+    let kids = b.get(holder).await.children;
+    assert_eq!(kids.len(), 2);
+    let conf = || Filter::new().with_queue("conf");
+
+    // Dry runs: each filter matches what it names, and nothing is written.
+    for (filter, matched) in [
+        (conf().with_key(&key), 1),
+        (conf().with_key_prefix(&key), 2),
+        (conf().with_inserted_since(since), 3),
+        (conf().with_inserted_until(since), 2),
+        (conf().with_parent(holder), 2),
+        (conf().with_parent(keyed), 0),
+    ] {
+        let r = b.cancel_where(&filter, true).await.unwrap();
+        assert_eq!(r.matched, matched, "{filter:?}");
+    }
+    let by_error = conf().with_error_containing("BAD IN");
+    assert_eq!(b.retry_where(&by_error, true).await.unwrap().matched, 1);
+    assert_eq!(
+        b.retry_where(&conf().with_error_containing("nope"), true)
+            .await
+            .unwrap()
+            .matched,
+        0
+    );
+    b.get(keyed).await.assert_status(Status::AwaitingSignal);
+
+    // Done: the key's one instance, the parent's children, the failed one retried.
+    let r = b.cancel_where(&conf().with_key(&key), false).await.unwrap();
+    assert_eq!(counts(r), (1, 1, 0, 1, false), "{r:?}");
+    b.get(keyed).await.assert_failed("cancelled");
+    b.get(prefixed).await.assert_status(Status::AwaitingSignal);
+    let r = b
+        .cancel_where(&conf().with_parent(holder), false)
+        .await
+        .unwrap();
+    assert_eq!(counts(r), (2, 2, 0, 1, false), "{r:?}");
+    for k in &kids {
+        b.get(*k).await.assert_failed("cancelled");
+    }
+    let r = b.retry_where(&by_error, false).await.unwrap();
+    assert_eq!(counts(r), (1, 1, 0, 1, false), "{r:?}");
+    b.get(failed).await.assert_status(Status::Runnable);
+
+    // A key with a NUL: refused, nothing read or written.
+    let err = b
+        .cancel_where(&conf().with_key("a\0b"), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, gen_durable::Error::InvalidInput { .. }),
+        "{err:?}"
+    );
+    b.get(prefixed).await.assert_status(Status::AwaitingSignal);
+}

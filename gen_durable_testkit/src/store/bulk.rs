@@ -9,7 +9,7 @@
 //! its batch's read and its action: a cancel skips nothing and flags no executing row.
 
 use chrono::{DateTime, Utc};
-use gen_durable::backend::{CancelFound, FilterMatch, RetryFound};
+use gen_durable::backend::{CancelFound, FilterMatch, FilterRow, RetryFound};
 use gen_durable::{BulkReport, BULK_BATCH};
 
 use super::{Row, Store};
@@ -17,14 +17,17 @@ use super::{Row, Store};
 impl Store {
     /// Whether `m` matches row `r`.
     fn matched(m: &FilterMatch, r: &Row) -> bool {
-        m.matches(
-            &r.queue,
-            &r.fsm,
-            r.version,
-            r.status,
-            r.updated_at,
-            r.unique_key.as_deref(),
-        )
+        m.matches(FilterRow {
+            queue: &r.queue,
+            fsm: &r.fsm,
+            version: r.version,
+            status: r.status,
+            inserted_at: r.inserted_at,
+            updated_at: r.updated_at,
+            unique_key: r.unique_key.as_deref(),
+            last_error: r.last_error.as_deref(),
+            parent_id: r.parent_id,
+        })
     }
 
     /// MATCHING_IDS: up to `BULK_BATCH` ids above `after` that `m` matches, ascending.

@@ -74,6 +74,7 @@ impl Store {
                     max_reaps: new.max_reaps,
                     claimed_at: None,
                     updated_at: now,
+                    inserted_at: now,
                 },
             );
             inserted.push((id, parent));

@@ -75,6 +75,8 @@ pub(crate) struct Row {
     /// When a statement last changed it, as every statement of the engine sets it: what
     /// a bulk [`gen_durable::Filter`]'s time conditions read.
     pub(crate) updated_at: DateTime<Utc>,
+    /// When it was inserted.
+    pub(crate) inserted_at: DateTime<Utc>,
 }
 
 impl Row {

@@ -8,7 +8,7 @@ use sqlx::PgExecutor;
 
 use crate::model::error::Result;
 
-/// The filter, `$1`…`$8`: a NULL parameter matches every row. `$4` is never empty (the
+/// The filter, `$1`…`$14`: a NULL parameter matches every row. `$4` is never empty (the
 /// caller passes the statuses its action takes). `$7` is an age in milliseconds before
 /// `$now` (`$8`). The key prefix is matched with `starts_with`, not `LIKE`, so `%` and `_`
 /// in a key are plain characters.
@@ -26,20 +26,25 @@ macro_rules! matching {
    AND ($5::timestamptz IS NULL OR updated_at < $5)
    AND ($6::timestamptz IS NULL OR updated_at > $6)
    AND ($7::int8 IS NULL OR updated_at < coalesce($8, now()) - $7 * interval '1 millisecond')
-   AND ($9::text IS NULL OR starts_with(unique_key, $9))",
+   AND ($9::text IS NULL OR starts_with(unique_key, $9))
+   AND ($10::text IS NULL OR unique_key = $10)
+   AND ($11::timestamptz IS NULL OR inserted_at >= $11)
+   AND ($12::timestamptz IS NULL OR inserted_at < $12)
+   AND ($13::text IS NULL OR strpos(lower(last_error), lower($13)) > 0)
+   AND ($14::int8 IS NULL OR parent_id = $14)",
             $tail
         )
     };
 }
 
-/// The next batch of matching ids after `$10`, by id (keyset pagination: each batch reads
+/// The next batch of matching ids after `$15`, by id (keyset pagination: each batch reads
 /// on from where the last stopped, so rows the action changed are not read again).
 pub(super) const MATCHING_IDS: &str = matching!(
     "SELECT id",
     "
-   AND id > $10
+   AND id > $15
  ORDER BY id
- LIMIT $11"
+ LIMIT $16"
 );
 
 /// How many rows match: a dry run's count.
@@ -56,6 +61,11 @@ pub(crate) struct FilterParams<'a> {
     pub(crate) updated_after: Option<DateTime<Utc>>,
     pub(crate) older_than_ms: Option<i64>,
     pub(crate) key_prefix: Option<&'a str>,
+    pub(crate) key: Option<&'a str>,
+    pub(crate) inserted_since: Option<DateTime<Utc>>,
+    pub(crate) inserted_until: Option<DateTime<Utc>>,
+    pub(crate) error_contains: Option<&'a str>,
+    pub(crate) parent: Option<i64>,
     pub(crate) now: Option<DateTime<Utc>>,
 }
 
@@ -70,6 +80,11 @@ macro_rules! bind_filter {
             .bind($p.older_than_ms)
             .bind($p.now)
             .bind($p.key_prefix)
+            .bind($p.key)
+            .bind($p.inserted_since)
+            .bind($p.inserted_until)
+            .bind($p.error_contains)
+            .bind($p.parent)
     };
 }
 
