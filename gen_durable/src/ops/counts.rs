@@ -275,6 +275,9 @@ pub enum WaitReason {
     /// Due, while their gate key runs as many steps as the gate allows
     /// ([`crate::Reason::GateFull`]).
     GateFull,
+    /// Due, while the live nodes that pick their queue run none of their FSM's version
+    /// ([`crate::Reason::NoNodeForVersion`]).
+    NoNodeForVersion,
 }
 
 impl WaitReason {
@@ -286,12 +289,16 @@ impl WaitReason {
             WaitReason::Backoff => "backoff",
             WaitReason::PartitionBlocked => "partition_blocked",
             WaitReason::GateFull => "gate_full",
+            WaitReason::NoNodeForVersion => "no_node_for_version",
         }
     }
 
     /// Whether its rows are due (held back by their key) rather than not due yet.
     pub fn is_due(self) -> bool {
-        matches!(self, WaitReason::PartitionBlocked | WaitReason::GateFull)
+        matches!(
+            self,
+            WaitReason::PartitionBlocked | WaitReason::GateFull | WaitReason::NoNodeForVersion
+        )
     }
 
     fn parse(s: &str) -> Option<Self> {
@@ -301,6 +308,7 @@ impl WaitReason {
             WaitReason::Backoff,
             WaitReason::PartitionBlocked,
             WaitReason::GateFull,
+            WaitReason::NoNodeForVersion,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)

@@ -50,7 +50,10 @@ pub(crate) fn table(
         .queues
         .iter()
         .flat_map(|q| {
-            let of_queue: Vec<&Waiting> = waiting.iter().filter(|w| w.queue == q.queue).collect();
+            let mut of_queue: Vec<&Waiting> =
+                waiting.iter().filter(|w| w.queue == q.queue).collect();
+            // In `explain`'s order.
+            of_queue.sort_by_key(|w| w.reason);
             let paused = paused.get(q.queue.as_str()).copied();
             let picked = picked.contains(q.queue.as_str());
             lines(q, &of_queue, paused, picked, exact_sample)
@@ -194,6 +197,7 @@ fn says(reason: WaitReason) -> &'static str {
         WaitReason::Backoff => "not due: backing off before a retry",
         WaitReason::PartitionBlocked => "due: another instance of their partition key runs",
         WaitReason::GateFull => "due: their gate key runs as many steps as the gate allows",
+        WaitReason::NoNodeForVersion => "due: no live node runs their FSM's version",
         _ => "not due",
     }
 }

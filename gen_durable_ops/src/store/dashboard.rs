@@ -435,6 +435,7 @@ fn page_statements(id: i64, sample: f64) -> Vec<(&'static str, &'static str, Vec
                 Param::Texts(&["q0", "q1", "q2", "q3"]),
                 Param::Int2s(&[0, 0, 0, 0]),
                 Param::Texts(&["q0", "q1", "q2", "q3"]),
+                Param::Int(60_000),
             ],
         ),
         (

@@ -231,22 +231,33 @@ pub(crate) async fn sample_by_queue<'e>(
 /// names of `explain`'s reasons), with the first `eligible_at` of each: the soonest due
 /// for rows not due yet, the longest waiting for rows held back. `$1` caps what each part
 /// reads per lane (or per queue), `$2` is the clock, `$3`/`$4` the `(queue, priority)`
-/// lanes that hold runnable rows ([`LANES`]) and `$5` the queues.
+/// lanes that hold runnable rows ([`LANES`]), `$5` the queues and `$6` the nodes' liveness
+/// window in milliseconds.
 ///
 /// - **Not due yet**, rows with a key, a gate or a limit: per lane, the pick index's range
 ///   after `$2`, up to `$1` entries: `rate_limited` (tokens reserved, `rate_paid`),
 ///   `scheduled` (attempt 0) or `backoff` (a retry).
 /// - **Not due yet**, plain rows: per queue, `gd_due`'s range after `$2` (`gd_due_queue_at`),
 ///   up to `$1` entries, each row by primary key: `scheduled` or `backoff`.
-/// - **Due and held back by their key**: per lane, the first `$1` due entries of the pick
-///   index, each checked by the index of its key's executing rows:
-///   `partition_blocked` (a K = 1 key runs, `gd_instances_partition_executing`) or
-///   `gate_full` (its gate key runs K, `gd_instances_gate_executing`).
+/// - **Due and held back**, rows with a key, a gate or a limit: per lane, the first `$1`
+///   due entries of the pick index, each checked in `explain`'s order by the index of its
+///   key's executing rows — `partition_blocked` (a K = 1 key runs,
+///   `gd_instances_partition_executing`), `gate_full` (its gate key runs K,
+///   `gd_instances_gate_executing`) — then `no_node_for_version` (live nodes pick its
+///   queue, none runs its FSM at its version: the `name@version` tags of `gd_nodes`).
+/// - **Due and held back**, plain rows: per lane of `gd_lanes` of the queues, the first
+///   `$1` entries not yet claimed whose row still waits at them (`gd_ready_lane_seq`, the
+///   row by primary key): `no_node_for_version`.
 ///
-/// Its cost is the number of lanes times `3 × $1` index entries at most, plus one probe per
-/// due row read.
+/// A queue no live node picks at all is the caller's verdict (`no_node_for_queue`, which
+/// `explain` checks first): its due rows are counted by [`LANES`], none here. Its cost is the number of lanes times `4 × $1`
+/// index entries at most, plus one probe per due row read.
 pub const WAITING: &str = r#"/* gd:admin */
 WITH t AS (SELECT coalesce($2, now()) AS now),
+live AS MATERIALIZED (
+    SELECT n.queues, n.fsms FROM gd_nodes n, t
+     WHERE n.last_seen_at > t.now - $6 * interval '1 millisecond'
+),
 lanes AS (SELECT * FROM unnest($3::text[], $4::int2[]) AS l(queue, priority)),
 flow_later AS (
     SELECT l.queue,
@@ -274,31 +285,57 @@ plain_later AS (
       JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable'
                          AND coalesce(i.ready_seq, 0) = 0 AND i.eligible_at > t.now
 ),
-held AS (
+flow_held AS (
     SELECT l.queue,
-           CASE WHEN x.gate IS NULL THEN 'partition_blocked' ELSE 'gate_full' END AS reason,
+           CASE WHEN x.partition_key IS NOT NULL AND x.gate IS NULL
+                     AND EXISTS (SELECT 1 FROM gd_instances e
+                                  WHERE e.partition_key = x.partition_key
+                                    AND e.status = 'executing' AND e.gate IS NULL)
+                THEN 'partition_blocked'
+                WHEN x.gate IS NOT NULL
+                     AND (SELECT count(*) FROM gd_instances e
+                           WHERE e.status = 'executing' AND e.gate = x.gate
+                             AND e.partition_key = x.partition_key)
+                         >= (SELECT g.size FROM gd_gates g WHERE g.name = x.gate)
+                THEN 'gate_full'
+                WHEN EXISTS (SELECT 1 FROM live WHERE x.queue = ANY (live.queues))
+                     AND NOT EXISTS (SELECT 1 FROM live
+                                      WHERE x.queue = ANY (live.queues)
+                                        AND x.fsm || '@' || x.fsm_version = ANY (live.fsms))
+                THEN 'no_node_for_version'
+           END AS reason,
            x.eligible_at
       FROM lanes l CROSS JOIN t
      CROSS JOIN LATERAL (
-           SELECT i.gate, i.partition_key, i.eligible_at FROM gd_instances i
+           SELECT i.queue, i.fsm, i.fsm_version, i.gate, i.partition_key, i.eligible_at
+             FROM gd_instances i
             WHERE i.queue = l.queue AND i.priority = l.priority AND i.status = 'runnable'
               AND (i.partition_key IS NOT NULL OR i.gate IS NOT NULL OR i.rate_limit IS NOT NULL)
               AND i.eligible_at <= t.now
             ORDER BY i.eligible_at
             LIMIT $1) x
-     WHERE x.partition_key IS NOT NULL
-       AND CASE WHEN x.gate IS NULL THEN
-                EXISTS (SELECT 1 FROM gd_instances e
-                         WHERE e.partition_key = x.partition_key AND e.status = 'executing'
-                           AND e.gate IS NULL)
-           ELSE (SELECT count(*) FROM gd_instances e
-                  WHERE e.status = 'executing' AND e.gate = x.gate
-                    AND e.partition_key = x.partition_key)
-                >= (SELECT g.size FROM gd_gates g WHERE g.name = x.gate)
-           END
+),
+plain_held AS (
+    SELECT g.queue, 'no_node_for_version' AS reason, x.eligible_at
+      FROM gd_lanes g
+     CROSS JOIN LATERAL (
+           SELECT i.fsm, i.fsm_version, i.eligible_at
+             FROM gd_ready r
+             JOIN gd_instances i ON i.id = r.id AND i.ready_seq = r.seq AND i.status = 'runnable'
+            WHERE r.lane = g.lane AND r.seq >= g.next_seq
+            ORDER BY r.seq
+            LIMIT $1) x
+     WHERE g.queue = ANY ($5::text[])
+       AND EXISTS (SELECT 1 FROM live WHERE g.queue = ANY (live.queues))
+       AND NOT EXISTS (SELECT 1 FROM live
+                        WHERE g.queue = ANY (live.queues)
+                          AND x.fsm || '@' || x.fsm_version = ANY (live.fsms))
 )
 SELECT queue, reason, count(*) AS rows, min(eligible_at) AS first
-  FROM (SELECT * FROM flow_later UNION ALL SELECT * FROM plain_later UNION ALL SELECT * FROM held) w
+  FROM (SELECT * FROM flow_later
+        UNION ALL SELECT * FROM plain_later
+        UNION ALL SELECT * FROM flow_held WHERE reason IS NOT NULL
+        UNION ALL SELECT * FROM plain_held) w
  GROUP BY queue, reason
  ORDER BY queue, reason
 "#;
@@ -327,6 +364,7 @@ pub(crate) async fn waiting<'e>(
         .bind(lane_queues)
         .bind(priorities)
         .bind(queues)
+        .bind(super::admin::NODE_LIVE_WINDOW_MS)
         .fetch_all(db)
         .await?)
 }
