@@ -275,14 +275,23 @@ pub struct FilterMatch {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub struct FilterRow<'a> {
+    /// `queue`.
     pub queue: &'a str,
+    /// `fsm`.
     pub fsm: &'a str,
+    /// `fsm_version`.
     pub version: i32,
+    /// `status`.
     pub status: Status,
+    /// `inserted_at`.
     pub inserted_at: DateTime<Utc>,
+    /// `updated_at`.
     pub updated_at: DateTime<Utc>,
+    /// `unique_key`, the correlation key.
     pub unique_key: Option<&'a str>,
+    /// `last_error`.
     pub last_error: Option<&'a str>,
+    /// `parent_id`.
     pub parent_id: Option<i64>,
 }
 
