@@ -23,7 +23,7 @@ pub(crate) const KEPT_DAYS: i64 = 31;
 /// empty one; several collectors at once write the same rows, and the second's are
 /// dropped (`ON CONFLICT DO NOTHING`). Deletes the minutes older than `$3` days. Returns
 /// the minutes it rolled, and whether more are due.
-const ROLL: &str = r#"/* gd:collector */
+const ROLL: &str = r#"/* gd:collect */
 WITH t AS (SELECT date_trunc('minute', coalesce($1, now())) AS minute),
 b AS (
     SELECT (SELECT max(minute) FROM gd_minutes WHERE queue = '*') + interval '1 minute' AS lo,
