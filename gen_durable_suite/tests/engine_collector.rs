@@ -132,3 +132,50 @@ async fn the_collector_deletes_rate_limit_buckets_once_they_are_full_again() {
     engine.shutdown(Duration::from_secs(5)).await;
     db.close().await;
 }
+
+/// The collector rolls finished instances up per minute (`gd_minutes`), for the
+/// dashboard's charts over hours and days: the minute they finished in, for their queue
+/// and for all queues.
+#[tokio::test]
+async fn the_collector_rolls_up_the_minutes_rows_finished_in() {
+    let db = TestDb::new().await;
+    // Three done and one failed five minutes ago, in one minute.
+    let ids = rows(&db, 4, "done", "5 minutes", None).await;
+    sqlx::query(
+        "UPDATE gd_instances SET updated_at = date_trunc('minute', now()) - interval '5 minutes',
+                                 status = CASE WHEN id = $1 THEN 'failed'::gd_status ELSE status END
+          WHERE id = ANY ($2)",
+    )
+    .bind(ids[0])
+    .bind(&ids)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    let mut reg = Registry::new();
+    reg.register::<Idle>();
+    let engine = Engine::builder(db.pool().clone())
+        .with_registry(reg)
+        .queue("nothing-here", 1)
+        .with_collector_schedule(Duration::from_millis(30), 100)
+        .start()
+        .await
+        .unwrap();
+    let rolled = || async {
+        sqlx::query_as::<_, (String, i64, i64)>(
+            "SELECT queue, done, failed FROM gd_minutes WHERE done + failed > 0 ORDER BY queue",
+        )
+        .fetch_all(db.pool())
+        .await
+        .unwrap()
+    };
+    eventually(10, "the collector rolls the minute up", || async {
+        !rolled().await.is_empty()
+    })
+    .await;
+    assert_eq!(
+        rolled().await,
+        [("*".to_string(), 3, 1), ("elsewhere".to_string(), 3, 1)]
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+    db.close().await;
+}
