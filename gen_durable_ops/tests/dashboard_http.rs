@@ -1611,6 +1611,10 @@ async fn the_charts_show_throughput_and_latency_over_the_window_picked() {
     );
     assert!(day.contains(": 100 done, 10 failed"), "{day}");
 
+    // A live page's window links keep it live.
+    let live = get(&app, "/?live=30").await.body;
+    assert!(live.contains("href=\"/?window=7d&amp;live=30\""), "{live}");
+
     let bad = get(&app, "/?window=1y").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
     assert!(bad.body.contains("30m, 6h, 24h or 7d"), "{}", bad.body);

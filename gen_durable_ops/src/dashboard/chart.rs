@@ -238,8 +238,10 @@ pub(crate) fn latency(window: Window, first: DateTime<Utc>, rows: &[Bucket]) -> 
     }
 }
 
-/// The links that pick the window, the current one marked.
-pub(crate) fn picker(current: Window) -> Markup {
+/// The links that pick the window, the current one marked; a live page stays live
+/// (`every`: its reload period).
+pub(crate) fn picker(current: Window, every: Option<u32>) -> Markup {
+    let live = every.map_or(String::new(), |n| format!("&live={n}"));
     html! {
         p id="window" {
             "Window: "
@@ -247,7 +249,7 @@ pub(crate) fn picker(current: Window) -> Markup {
                 @if w == current {
                     strong data-window=(w.as_str()) { (w.as_str()) }
                 } @else {
-                    a href=(format!("/?window={}", w.as_str())) data-window=(w.as_str()) { (w.as_str()) }
+                    a href=(format!("/?window={}{live}", w.as_str())) data-window=(w.as_str()) { (w.as_str()) }
                 }
                 " "
             }

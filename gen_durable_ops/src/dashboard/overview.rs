@@ -162,7 +162,7 @@ pub(crate) async fn page(
         (waiting::table(now, &counts, &waiting_rows, &paused, &picked))
         div id="charts" {
             h2 { "Finished instances, " (window.says()) }
-            (chart::picker(window))
+            (chart::picker(window, live.every))
             (chart::throughput(window, first, &buckets))
             p.note { span style="color:#3c9d5d" { "■ done" } " " span style="color:#d0453a" { "■ failed" } }
             h2 { "How long they took, insert to finish" }
