@@ -298,15 +298,21 @@ CREATE TABLE gd_buckets (
 -- '*' (written for every minute rolled, even an empty one: the rollup's watermark):
 -- instances done and failed in that minute (by `finished_at`), and a histogram of how long
 -- they took from insert to finish, `took_ms[i]` counting those in [2^(i-2), 2^(i-1)) ms
--- (`took_ms[1]`: under 1 ms; `took_ms[32]`: 2^30 ms, 12 days, or more).
+-- (`took_ms[1]`: under 1 ms; `took_ms[32]`: 2^30 ms, 12 days, or more). Keyed by queue
+-- first: a chart reads one queue's (or '*''s) minutes as one range. A queue named '*' is
+-- counted with the totals. Rows the collector deletes less than two minutes after they
+-- finish (a retention that short) may be deleted before their minute is rolled.
 CREATE TABLE gd_minutes (
     minute  timestamptz NOT NULL,
     queue   text        NOT NULL,
     done    bigint      NOT NULL,
     failed  bigint      NOT NULL,
     took_ms bigint[]    NOT NULL,
-    PRIMARY KEY (minute, queue)
+    PRIMARY KEY (queue, minute)
 );
+
+-- The collector forgets minutes by age, across queues.
+CREATE INDEX gd_minutes_minute ON gd_minutes (minute);
 
 -- The references of `gd_instances.gate` to `gd_gates` and of `gd_instances.rate_limit` to
 -- `gd_rate_limits`, kept by triggers and not by foreign keys, so that a row naming neither

@@ -1233,6 +1233,35 @@ async fn the_overview_says_what_waits_and_why_by_reason() {
     );
     // The held-back rows are not counted as waiting for a worker.
     assert_eq!(line(&o, "checkout", "runnable").expect(&o).0, "1", "{o}");
+    // A delayed row of Checkout v1 that has come due: no claim promotes it (none runs
+    // v1), so it stays in gd_due; it waits for a node all the same.
+    let late: i64 = sqlx::query_scalar(
+        "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, eligible_at)
+         VALUES ('Checkout', 1, 'reserve', '{}', 'checkout', now() + interval '1 hour')
+         RETURNING id",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
+    sqlx::query("UPDATE gd_instances SET eligible_at = now() - interval '1 minute' WHERE id = $1;")
+        .bind(late)
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let moved = sqlx::query("UPDATE gd_due SET at = now() - interval '1 minute' WHERE id = $1")
+        .bind(late)
+        .execute(db.pool())
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(moved, 1, "a delayed plain row waits in gd_due");
+    let o = get(&app, "/").await.body;
+    assert_eq!(
+        line(&o, "checkout", "no_node_for_version").expect(&o).0,
+        "2",
+        "{o}"
+    );
+    assert_eq!(line(&o, "checkout", "runnable").expect(&o).0, "1", "{o}");
     assert_eq!(
         line(&o, "reports", "no_node_for_queue").expect(&o).0,
         "1",
@@ -1248,7 +1277,7 @@ async fn the_overview_says_what_waits_and_why_by_reason() {
     let o = get(&app, "/").await.body;
     assert_eq!(
         line(&o, "checkout", "queue_paused").expect(&o).0,
-        "7",
+        "8",
         "{o}"
     );
     for reason in [

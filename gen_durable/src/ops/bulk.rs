@@ -61,8 +61,8 @@ pub struct Filter {
     pub inserted_since: Option<DateTime<Utc>>,
     /// Only rows inserted before this instant.
     pub inserted_until: Option<DateTime<Utc>>,
-    /// Only rows whose last error contains this text, in any case (`lower` on both sides:
-    /// no pattern characters).
+    /// Only rows whose last error contains this text, ASCII letters in any case (no
+    /// pattern characters; other letters as written).
     pub error_contains: Option<String>,
     /// Only the children of this instance.
     pub parent: Option<i64>,
@@ -140,7 +140,7 @@ impl Filter {
         self
     }
 
-    /// Only instances whose last error contains `text`, in any case.
+    /// Only instances whose last error contains `text`, ASCII letters in any case.
     pub fn with_error_containing(mut self, text: impl Into<String>) -> Self {
         self.error_contains = Some(text.into());
         self
@@ -314,7 +314,7 @@ impl FilterMatch {
             && f.inserted_until.is_none_or(|t| r.inserted_at < t)
             && f.error_contains.as_deref().is_none_or(|text| {
                 r.last_error
-                    .is_some_and(|e| e.to_lowercase().contains(&text.to_lowercase()))
+                    .is_some_and(|e| e.to_ascii_lowercase().contains(&text.to_ascii_lowercase()))
             })
             && f.parent.is_none_or(|p| r.parent_id == Some(p))
     }

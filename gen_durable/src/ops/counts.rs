@@ -301,17 +301,18 @@ impl WaitReason {
         )
     }
 
+    /// Every reason, in `explain`'s order.
+    pub const ALL: [WaitReason; 6] = [
+        WaitReason::RateLimited,
+        WaitReason::Scheduled,
+        WaitReason::Backoff,
+        WaitReason::PartitionBlocked,
+        WaitReason::GateFull,
+        WaitReason::NoNodeForVersion,
+    ];
+
     fn parse(s: &str) -> Option<Self> {
-        [
-            WaitReason::RateLimited,
-            WaitReason::Scheduled,
-            WaitReason::Backoff,
-            WaitReason::PartitionBlocked,
-            WaitReason::GateFull,
-            WaitReason::NoNodeForVersion,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == s)
+        WaitReason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -331,9 +332,8 @@ pub struct Waiting {
 
 /// The runnable rows of `counts`' queues that wait for something other than a worker, by
 /// reason, as of `counts.now`, reading at most `cap` index entries per lane and kind
-/// (`WAITING`). A figure is a lower bound when its part may have stopped at the cap: a
-/// count that reached it, or held-back rows of a queue whose due rows are more than the
-/// cap (only the first `cap` of each lane are checked).
+/// (`WAITING`). A figure is a lower bound ([`Figure::AtLeast`]) when a part it was read
+/// from stopped at the cap.
 pub async fn waiting(pool: &PgPool, counts: &Counts, cap: i64) -> Result<Vec<Waiting>> {
     let lanes: Vec<(String, i16)> = counts
         .queues
@@ -346,12 +346,7 @@ pub async fn waiting(pool: &PgPool, counts: &Counts, cap: i64) -> Result<Vec<Wai
         .into_iter()
         .filter_map(|r| {
             let reason = WaitReason::parse(&r.reason)?;
-            let due_capped = reason.is_due()
-                && counts
-                    .queues
-                    .iter()
-                    .any(|q| q.queue == r.queue && q.ready.value() >= cap);
-            let rows = if r.rows >= cap || due_capped {
+            let rows = if r.capped {
                 Figure::AtLeast(r.rows)
             } else {
                 Figure::Exact(r.rows)

@@ -200,8 +200,8 @@ impl BulkForm {
         Ok(f)
     }
 
-    /// The filter's fields as the list's query string (the way back to it).
-    fn query(&self) -> String {
+    /// The filter's fields, by their names in the list's query string.
+    fn fields(&self) -> [(&'static str, &String); 8] {
         [
             ("queue", &self.queue),
             ("fsm", &self.fsm),
@@ -212,26 +212,22 @@ impl BulkForm {
             ("since", &self.since),
             ("until", &self.until),
         ]
-        .iter()
-        .filter(|(_, v)| !v.trim().is_empty())
-        .map(|(k, v)| format!("{k}={}", urlencode(v.trim())))
-        .collect::<Vec<_>>()
-        .join("&")
+    }
+
+    /// The filter's fields as the list's query string (the way back to it).
+    fn query(&self) -> String {
+        self.fields()
+            .iter()
+            .filter(|(_, v)| !v.trim().is_empty())
+            .map(|(k, v)| format!("{k}={}", urlencode(v.trim())))
+            .collect::<Vec<_>>()
+            .join("&")
     }
 
     /// The filter's fields as hidden inputs (the confirmation carries the previewed filter).
     fn hidden(&self) -> maud::Markup {
         html! {
-            @for (k, v) in [
-                ("queue", &self.queue),
-                ("fsm", &self.fsm),
-                ("status", &self.status),
-                ("key", &self.key),
-                ("parent", &self.parent),
-                ("error", &self.error),
-                ("since", &self.since),
-                ("until", &self.until),
-            ] {
+            @for (k, v) in self.fields() {
                 input type="hidden" name=(k) value=(v);
             }
         }

@@ -30,9 +30,11 @@ struct Selection {
 }
 
 impl Selection {
-    /// The form's fields; `id` repeats, one per ticked row.
+    /// The form's fields; `id` repeats, one per ticked row. Stops at the first id past
+    /// [`MOST`].
     fn parse(fields: Vec<(String, String)>) -> Result<Self, DashboardError> {
         let mut s = Selection::default();
+        let mut seen = std::collections::HashSet::new();
         for (name, value) in fields {
             match name.as_str() {
                 "csrf" => s.csrf = value,
@@ -44,8 +46,14 @@ impl Selection {
                     let id = value.trim().parse().map_err(|_| {
                         DashboardError::BadRequest(format!("{value:?} is not an instance id"))
                     })?;
-                    if !s.ids.contains(&id) {
+                    if seen.insert(id) {
                         s.ids.push(id);
+                    }
+                    if s.ids.len() > MOST {
+                        return Err(DashboardError::BadRequest(format!(
+                            "more than {MOST} instances are selected; one action takes at \
+                             most {MOST} (a bulk action by filter takes any number)"
+                        )));
                     }
                 }
                 _ => {}
@@ -55,13 +63,6 @@ impl Selection {
             return Err(DashboardError::BadRequest(
                 "no instance is selected: tick the rows to act on".into(),
             ));
-        }
-        if s.ids.len() > MOST {
-            return Err(DashboardError::BadRequest(format!(
-                "{} instances are selected; one action takes at most {MOST} (a bulk action \
-                 by filter takes any number)",
-                s.ids.len()
-            )));
         }
         if !matches!(s.action.as_str(), "cancel" | "retry") {
             return Err(DashboardError::BadRequest(format!(
@@ -81,8 +82,13 @@ pub(crate) async fn act(
     headers: HeaderMap,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Result<Response, DashboardError> {
+    // Authorized before the ids are read, as every action is.
+    let csrf = fields
+        .iter()
+        .find(|(name, _)| name == "csrf")
+        .map_or("", |(_, v)| v.as_str());
+    let gd = authorize(&state, &headers, csrf)?;
     let s = Selection::parse(fields)?;
-    let gd = authorize(&state, &headers, &s.csrf)?;
     let n = s.ids.len();
     let body = if s.preview {
         html! {

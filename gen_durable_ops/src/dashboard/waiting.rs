@@ -117,9 +117,11 @@ fn lines(
         });
     } else {
         let mut held = 0;
+        let mut held_exact = true;
         for w in waiting {
             if w.reason.is_due() {
                 held += w.rows.value();
+                held_exact &= matches!(w.rows, Figure::Exact(_));
             }
             out.push(Line {
                 reason: w.reason.as_str(),
@@ -133,10 +135,11 @@ fn lines(
                 status: Status::Runnable,
             });
         }
-        // The due rows nothing holds back: a count past the cap stays a bound.
+        // The due rows nothing holds back: exact only when both figures are; otherwise
+        // neither a bound nor a count, so an estimate.
         let free = match q.ready {
-            Figure::Exact(n) => Figure::Exact((n - held).max(0)),
-            Figure::AtLeast(n) | Figure::About(n) => Figure::AtLeast((n - held).max(0)),
+            Figure::Exact(n) if held_exact => Figure::Exact((n - held).max(0)),
+            f => Figure::About((f.value() - held).max(0)),
         };
         if free.value() > 0 {
             let (reason, says) = if picked {

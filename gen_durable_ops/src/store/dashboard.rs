@@ -50,7 +50,7 @@ pub(crate) async fn throughput<'e>(
 /// The collector's per-minute rollup for all queues (`gd_minutes`, queue `'*'`) since
 /// `$1`, summed into buckets of `$2` seconds from `$1`: done, failed, and the histogram of
 /// how long they took (slot by slot: one aggregate per slot, a single pass over the rows).
-/// A range of its primary key `(minute, queue)`: at most 1,440 rows a day of window.
+/// A range of its primary key `(queue, minute)`: 1,440 rows a day of window.
 const ROLLUP: &str = r#"/* gd:dashboard */
 SELECT $1 + floor(extract(epoch FROM minute - $1) / $2) * $2 * interval '1 second' AS at,
        sum(done)::int8 AS done, sum(failed)::int8 AS failed,

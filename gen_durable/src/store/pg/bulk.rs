@@ -11,7 +11,8 @@ use crate::model::error::Result;
 /// The filter, `$1`…`$14`: a NULL parameter matches every row. `$4` is never empty (the
 /// caller passes the statuses its action takes). `$7` is an age in milliseconds before
 /// `$now` (`$8`). The key prefix is matched with `starts_with`, not `LIKE`, so `%` and `_`
-/// in a key are plain characters.
+/// in a key are plain characters. The error text is compared with ASCII letters folded
+/// (`lower` under the C collation), whatever the database's collation, as the kit does.
 macro_rules! matching {
     ($select:literal, $tail:literal) => {
         concat!(
@@ -30,7 +31,7 @@ macro_rules! matching {
    AND ($10::text IS NULL OR unique_key = $10)
    AND ($11::timestamptz IS NULL OR inserted_at >= $11)
    AND ($12::timestamptz IS NULL OR inserted_at < $12)
-   AND ($13::text IS NULL OR strpos(lower(last_error), lower($13)) > 0)
+   AND ($13::text IS NULL OR strpos(lower(last_error COLLATE \"C\"), lower($13 COLLATE \"C\")) > 0)
    AND ($14::int8 IS NULL OR parent_id = $14)",
             $tail
         )

@@ -247,7 +247,11 @@ pub(crate) async fn sample_by_queue<'e>(
 ///   queue, none runs its FSM at its version: the `name@version` tags of `gd_nodes`).
 /// - **Due and held back**, plain rows: per lane of `gd_lanes` of the queues, the first
 ///   `$1` entries not yet claimed whose row still waits at them (`gd_ready_lane_seq`, the
-///   row by primary key): `no_node_for_version`.
+///   row by primary key), and per queue the first `$1` due entries of `gd_due` not yet
+///   promoted (a claim promotes only the FSMs its node runs): `no_node_for_version`.
+///
+/// Each line says whether a part it was read from stopped at `$1` (`capped`): its count
+/// is then a lower bound.
 ///
 /// A queue no live node picks at all is the caller's verdict (`no_node_for_queue`, which
 /// `explain` checks first): its due rows are counted by [`LANES`], none here. Its cost is the number of lanes times `4 × $1`
@@ -263,7 +267,7 @@ flow_later AS (
     SELECT l.queue,
            CASE WHEN x.rate_paid THEN 'rate_limited'
                 WHEN x.attempt = 0 THEN 'scheduled' ELSE 'backoff' END AS reason,
-           x.eligible_at
+           x.eligible_at, count(*) OVER (PARTITION BY l.queue, l.priority) >= $1 AS capped
       FROM lanes l CROSS JOIN t
      CROSS JOIN LATERAL (
            SELECT i.rate_paid, i.attempt, i.eligible_at FROM gd_instances i
@@ -273,17 +277,29 @@ flow_later AS (
             ORDER BY i.eligible_at
             LIMIT $1) x
 ),
-plain_later AS (
-    SELECT q.queue, CASE WHEN i.attempt = 0 THEN 'scheduled' ELSE 'backoff' END AS reason,
-           i.eligible_at
+due AS (
+    -- Per queue, the first `$1` entries of `gd_due` after now (not due yet) and up to now
+    -- (due, not promoted yet: a claim promotes only the FSMs its node runs), by id.
+    SELECT q.queue, d.id, d.later, count(*) OVER (PARTITION BY q.queue, d.later) >= $1 AS capped
       FROM unnest($5::text[]) AS q(queue) CROSS JOIN t
      CROSS JOIN LATERAL (
-           SELECT DISTINCT d.id FROM (SELECT d.id FROM gd_due d
-                                       WHERE d.queue = q.queue AND d.at > t.now
-                                       ORDER BY d.at
-                                       LIMIT $1) d) d
+           (SELECT DISTINCT d.id, true AS later
+              FROM (SELECT d.id FROM gd_due d
+                     WHERE d.queue = q.queue AND d.at > t.now
+                     ORDER BY d.at LIMIT $1) d)
+           UNION ALL
+           (SELECT DISTINCT d.id, false
+              FROM (SELECT d.id FROM gd_due d
+                     WHERE d.queue = q.queue AND d.at <= t.now
+                     ORDER BY d.at LIMIT $1) d)) d
+),
+plain_later AS (
+    SELECT d.queue, CASE WHEN i.attempt = 0 THEN 'scheduled' ELSE 'backoff' END AS reason,
+           i.eligible_at, d.capped
+      FROM due d CROSS JOIN t
       JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable'
                          AND coalesce(i.ready_seq, 0) = 0 AND i.eligible_at > t.now
+     WHERE d.later
 ),
 flow_held AS (
     SELECT l.queue,
@@ -304,7 +320,7 @@ flow_held AS (
                                         AND x.fsm || '@' || x.fsm_version = ANY (live.fsms))
                 THEN 'no_node_for_version'
            END AS reason,
-           x.eligible_at
+           x.eligible_at, count(*) OVER (PARTITION BY l.queue, l.priority) >= $1 AS capped
       FROM lanes l CROSS JOIN t
      CROSS JOIN LATERAL (
            SELECT i.queue, i.fsm, i.fsm_version, i.gate, i.partition_key, i.eligible_at
@@ -315,8 +331,9 @@ flow_held AS (
             ORDER BY i.eligible_at
             LIMIT $1) x
 ),
-plain_held AS (
-    SELECT g.queue, 'no_node_for_version' AS reason, x.eligible_at
+plain_due AS (
+    SELECT g.queue, x.fsm, x.fsm_version, x.eligible_at,
+           count(*) OVER (PARTITION BY g.lane) >= $1 AS capped
       FROM gd_lanes g
      CROSS JOIN LATERAL (
            SELECT i.fsm, i.fsm_version, i.eligible_at
@@ -326,12 +343,22 @@ plain_held AS (
             ORDER BY r.seq
             LIMIT $1) x
      WHERE g.queue = ANY ($5::text[])
-       AND EXISTS (SELECT 1 FROM live WHERE g.queue = ANY (live.queues))
+    UNION ALL
+    SELECT d.queue, i.fsm, i.fsm_version, i.eligible_at, d.capped
+      FROM due d CROSS JOIN t
+      JOIN gd_instances i ON i.id = d.id AND i.status = 'runnable'
+                         AND coalesce(i.ready_seq, 0) = 0 AND i.eligible_at <= t.now
+     WHERE NOT d.later
+),
+plain_held AS (
+    SELECT p.queue, 'no_node_for_version' AS reason, p.eligible_at, p.capped
+      FROM plain_due p
+     WHERE EXISTS (SELECT 1 FROM live WHERE p.queue = ANY (live.queues))
        AND NOT EXISTS (SELECT 1 FROM live
-                        WHERE g.queue = ANY (live.queues)
-                          AND x.fsm || '@' || x.fsm_version = ANY (live.fsms))
+                        WHERE p.queue = ANY (live.queues)
+                          AND p.fsm || '@' || p.fsm_version = ANY (live.fsms))
 )
-SELECT queue, reason, count(*) AS rows, min(eligible_at) AS first
+SELECT queue, reason, count(*) AS rows, min(eligible_at) AS first, bool_or(capped) AS capped
   FROM (SELECT * FROM flow_later
         UNION ALL SELECT * FROM plain_later
         UNION ALL SELECT * FROM flow_held WHERE reason IS NOT NULL
@@ -347,6 +374,8 @@ pub(crate) struct WaitingRow {
     pub(crate) reason: String,
     pub(crate) rows: i64,
     pub(crate) first: Option<DateTime<Utc>>,
+    /// A part it was read from stopped at the cap: `rows` is a lower bound.
+    pub(crate) capped: bool,
 }
 
 pub(crate) async fn waiting<'e>(

@@ -54,13 +54,14 @@ b AS (
       FROM f
      GROUP BY GROUPING SETS ((minute, queue, slot), (minute, slot))
 ), rolled AS (
-    SELECT c.minute, c.queue, sum(c.done)::int8 AS done, sum(c.failed)::int8 AS failed,
-           ARRAY(SELECT coalesce(sum(x.done + x.failed), 0)::int8
-                   FROM generate_series(1, 32) g
-                   LEFT JOIN cells x ON x.minute = c.minute AND x.queue = c.queue AND x.slot = g
-                  GROUP BY g ORDER BY g) AS took_ms
-      FROM cells c
-     GROUP BY c.minute, c.queue
+    -- Each (minute, queue)'s slots gathered once, then laid out in 32 places.
+    SELECT k.minute, k.queue, k.done, k.failed,
+           ARRAY(SELECT coalesce(k.counts[array_position(k.slots, g)], 0)
+                   FROM generate_series(1, 32) g ORDER BY g) AS took_ms
+      FROM (SELECT minute, queue, sum(done)::int8 AS done, sum(failed)::int8 AS failed,
+                   array_agg(slot) AS slots, array_agg(done + failed) AS counts
+              FROM cells
+             GROUP BY minute, queue) k
     UNION ALL
     SELECT m, '*', 0, 0, array_fill(0::int8, ARRAY[32])
       FROM span, generate_series(span.lo, span.hi - interval '1 minute', interval '1 minute') m
@@ -68,7 +69,7 @@ b AS (
 ), written AS (
     INSERT INTO gd_minutes (minute, queue, done, failed, took_ms)
     SELECT minute, queue, done, failed, took_ms FROM rolled
-    ON CONFLICT (minute, queue) DO NOTHING
+    ON CONFLICT (queue, minute) DO NOTHING
     RETURNING queue
 ), forgotten AS (
     DELETE FROM gd_minutes WHERE minute < (SELECT minute FROM t) - $3 * interval '1 day'
@@ -130,11 +131,11 @@ mod tests {
         sqlx::raw_sql(
             "INSERT INTO gd_instances (fsm, fsm_version, step, state, queue, status,
                                        inserted_at, updated_at)
-             VALUES ('F', 1, 's', '{}', 'a', 'done', '2026-12-01 11:55:00', '2026-12-01 11:55:00.0004'),
-                    ('F', 1, 's', '{}', 'a', 'failed', '2026-12-01 11:54:00', '2026-12-01 11:55:10'),
-                    ('F', 1, 's', '{}', 'b', 'done', '2026-12-01 11:57:20', '2026-12-01 11:57:20.003'),
-                    ('F', 1, 's', '{}', 'b', 'done', '2026-12-01 11:59:00', '2026-12-01 11:59:30'),
-                    ('F', 1, 's', '{}', 'b', 'runnable', '2026-12-01 11:56:00', '2026-12-01 11:56:00')",
+             VALUES ('F', 1, 's', '{}', 'a', 'done', '2026-12-01 11:55:00+00', '2026-12-01 11:55:00.0004+00'),
+                    ('F', 1, 's', '{}', 'a', 'failed', '2026-12-01 11:54:00+00', '2026-12-01 11:55:10+00'),
+                    ('F', 1, 's', '{}', 'b', 'done', '2026-12-01 11:57:20+00', '2026-12-01 11:57:20.003+00'),
+                    ('F', 1, 's', '{}', 'b', 'done', '2026-12-01 11:59:00+00', '2026-12-01 11:59:30+00'),
+                    ('F', 1, 's', '{}', 'b', 'runnable', '2026-12-01 11:56:00+00', '2026-12-01 11:56:00+00')",
         )
         .execute(pool)
         .await
@@ -236,7 +237,7 @@ mod tests {
         let later = at("2026-12-01T13:01:05Z") + chrono::Duration::days(KEPT_DAYS + 1);
         roll(pool, Some(later)).await.unwrap();
         let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM gd_minutes WHERE minute < '2026-12-02'")
+            sqlx::query_scalar("SELECT count(*) FROM gd_minutes WHERE minute < '2026-12-02+00'")
                 .fetch_one(pool)
                 .await
                 .unwrap();
